@@ -1,0 +1,102 @@
+#pragma once
+// Argument validation shared by the CPU and CUDA implementations. Everything here reads only
+// tensor metadata, never data, so it costs no host synchronisation on the GPU path.
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace relconv {
+
+// Accumulation dtype: half and bfloat16 accumulate in float32, everything else in itself.
+inline at::ScalarType acc_dtype(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+struct ConvShape {
+  int64_t num_relations;  // R
+  int64_t groups;         // G
+  int64_t cin_g;          // input channels per group
+  int64_t cout_g;         // output channels per group
+  int64_t num_pairs;      // P
+};
+
+// Checks the pair arrays, rel_ptr and scale against each other and against `like` (device).
+inline void check_map(const at::Tensor& like, const at::Tensor& in_index, const at::Tensor& out_index,
+                      const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale,
+                      at::ScalarType feat_dtype) {
+  TORCH_CHECK_VALUE(in_index.dim() == 1, "in_index must be 1-D, got shape ", in_index.sizes());
+  TORCH_CHECK_VALUE(out_index.dim() == 1, "out_index must be 1-D, got shape ", out_index.sizes());
+  TORCH_CHECK_VALUE(in_index.numel() == out_index.numel(), "in_index (", in_index.numel(),
+                    " pairs) and out_index (", out_index.numel(), " pairs) must have the same length");
+  TORCH_CHECK_VALUE(in_index.scalar_type() == at::kInt || in_index.scalar_type() == at::kLong,
+                    "in_index must be int32 or int64, got ", in_index.scalar_type());
+  TORCH_CHECK_VALUE(out_index.scalar_type() == in_index.scalar_type(),
+                    "out_index dtype (", out_index.scalar_type(), ") must match in_index dtype (",
+                    in_index.scalar_type(), ")");
+  TORCH_CHECK_VALUE(rel_ptr.dim() == 1 && rel_ptr.numel() >= 1,
+                    "rel_ptr must be 1-D with num_relations + 1 entries, got shape ", rel_ptr.sizes());
+  TORCH_CHECK_VALUE(rel_ptr.scalar_type() == at::kLong, "rel_ptr must be int64, got ",
+                    rel_ptr.scalar_type());
+  for (const auto* t : {&in_index, &out_index, &rel_ptr}) {
+    TORCH_CHECK_VALUE(t->device() == like.device(), "in_index, out_index and rel_ptr must be on ",
+                      like.device(), " like x, got ", t->device());
+  }
+  if (scale.has_value()) {
+    const auto& s = *scale;
+    TORCH_CHECK_VALUE(s.dim() == 1 && s.numel() == in_index.numel(), "scale must have shape [",
+                      in_index.numel(), "] (one per pair), got ", s.sizes());
+    TORCH_CHECK_VALUE(s.scalar_type() == acc_dtype(feat_dtype), "scale must be ",
+                      acc_dtype(feat_dtype), " for ", feat_dtype, " features, got ", s.scalar_type());
+    TORCH_CHECK_VALUE(s.device() == like.device(), "scale must be on ", like.device(), ", got ",
+                      s.device());
+  }
+}
+
+inline void check_features(const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.dim() == 2, name, " must be 2-D [rows, channels], got shape ", t.sizes());
+  const auto dt = t.scalar_type();
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16,
+                    name, " must be float32, float64, float16 or bfloat16, got ", dt);
+}
+
+inline ConvShape check_conv_args(const at::Tensor& x, const at::Tensor& weight,
+                                 const at::Tensor& in_index, const at::Tensor& out_index,
+                                 const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale) {
+  check_features("x", x);
+  TORCH_CHECK_VALUE(weight.dim() == 4, "weight must be 4-D [R, groups, C_in/groups, C_out/groups], got ",
+                    weight.sizes());
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "weight dtype (", weight.scalar_type(),
+                    ") must match x dtype (", x.scalar_type(), ")");
+  TORCH_CHECK_VALUE(weight.device() == x.device(), "weight must be on ", x.device(), " like x, got ",
+                    weight.device());
+  check_map(x, in_index, out_index, rel_ptr, scale, x.scalar_type());
+  ConvShape s{weight.size(0), weight.size(1), weight.size(2), weight.size(3), in_index.numel()};
+  TORCH_CHECK_VALUE(rel_ptr.numel() == s.num_relations + 1, "rel_ptr has ", rel_ptr.numel(),
+                    " entries but weight has ", s.num_relations, " relations (expected R + 1 = ",
+                    s.num_relations + 1, ")");
+  TORCH_CHECK_VALUE(x.size(1) == s.groups * s.cin_g, "x has ", x.size(1),
+                    " channels but weight expects groups * C_in/groups = ", s.groups, " * ", s.cin_g);
+  return s;
+}
+
+inline ConvShape check_weight_grad_args(const at::Tensor& x, const at::Tensor& grad_out,
+                                        const at::Tensor& in_index, const at::Tensor& out_index,
+                                        const at::Tensor& rel_ptr,
+                                        const std::optional<at::Tensor>& scale, int64_t groups) {
+  check_features("x", x);
+  check_features("grad_out", grad_out);
+  TORCH_CHECK_VALUE(grad_out.scalar_type() == x.scalar_type(), "grad_out dtype (",
+                    grad_out.scalar_type(), ") must match x dtype (", x.scalar_type(), ")");
+  TORCH_CHECK_VALUE(grad_out.device() == x.device(), "grad_out must be on ", x.device(), ", got ",
+                    grad_out.device());
+  check_map(x, in_index, out_index, rel_ptr, scale, x.scalar_type());
+  TORCH_CHECK_VALUE(groups >= 1, "groups must be positive, got ", groups);
+  TORCH_CHECK_VALUE(x.size(1) % groups == 0, "x channels (", x.size(1), ") must be divisible by groups (",
+                    groups, ")");
+  TORCH_CHECK_VALUE(grad_out.size(1) % groups == 0, "grad_out channels (", grad_out.size(1),
+                    ") must be divisible by groups (", groups, ")");
+  return ConvShape{rel_ptr.numel() - 1, groups, x.size(1) / groups, grad_out.size(1) / groups,
+                   in_index.numel()};
+}
+
+}  // namespace relconv

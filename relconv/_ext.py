@@ -1,0 +1,29 @@
+"""Loads the compiled extension `relconv._C`, which registers the `torch.ops.relconv` ops."""
+
+import torch
+
+try:
+    from relconv import _C
+except ImportError as err:  # pragma: no cover - exercised only on a broken install
+    raise ImportError(
+        "relconv's compiled extension relconv._C is missing or was built against another torch. "
+        "Reinstall with `pip install --no-build-isolation -e .` in the relconv checkout."
+    ) from err
+
+
+def _check_cuda_version() -> None:
+    built = _C.cuda_version()
+    if built < 0 or torch.version.cuda is None:
+        return
+    major, minor = (int(v) for v in torch.version.cuda.split(".")[:2])
+    built_major, built_minor = built // 1000, (built % 1000) // 10
+    if (built_major, built_minor) != (major, minor):
+        raise RuntimeError(
+            f"relconv was compiled with CUDA {built_major}.{built_minor} but torch uses CUDA "
+            f"{major}.{minor}. Rebuild relconv against this torch: "
+            "`pip install --no-build-isolation --force-reinstall --no-deps -e .`"
+        )
+
+
+_check_cuda_version()
+cuda_built = _C.cuda_version() >= 0

@@ -1,0 +1,10 @@
+"""The relational-convolution op family (torch.ops.relconv.*) with typed wrappers and autograd."""
+
+from relconv.ops.relational_conv import (
+    acc_dtype,
+    as_grouped_weight,
+    relational_conv,
+    relational_conv_weight_grad,
+)
+
+__all__ = ["acc_dtype", "as_grouped_weight", "relational_conv", "relational_conv_weight_grad"]

@@ -1,0 +1,152 @@
+"""Python face of the relational-convolution ops: typed wrappers, fake kernels and autograd."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+from relconv.core.relational_map import RelationalMap
+
+_conv = torch.ops.relconv.relational_conv.default
+_weight_grad = torch.ops.relconv.relational_conv_weight_grad.default
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: float64 stays float64, everything else accumulates in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def as_grouped_weight(weight: Tensor, groups: int) -> Tensor:
+    """[R, C_in, C_out] (groups == 1) or [R, groups, C_in/groups, C_out/groups] -> the 4-D layout."""
+    if groups < 1:
+        raise ValueError(f"groups must be a positive integer, got {groups}")
+    if weight.dim() == 3:
+        if groups != 1:
+            raise ValueError(
+                f"weight must be 4-D [R, groups, C_in/groups, C_out/groups] when groups={groups}, "
+                f"got shape {tuple(weight.shape)}"
+            )
+        return weight.unsqueeze(1)
+    if weight.dim() == 4:
+        if weight.shape[1] != groups:
+            raise ValueError(f"weight.shape[1] ({weight.shape[1]}) must equal groups ({groups})")
+        return weight
+    raise ValueError(
+        f"weight must be [R, C_in, C_out] or [R, groups, C_in/groups, C_out/groups], "
+        f"got shape {tuple(weight.shape)}"
+    )
+
+
+def _scale_for(rmap: RelationalMap, dtype: torch.dtype) -> Tensor | None:
+    s = rmap.scale
+    return None if s is None else s.to(acc_dtype(dtype))
+
+
+def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int = 1) -> Tensor:
+    """`out[o] = sum over pairs (i, o, r) of scale[p] * x[i] @ W[r]`.
+
+    Args:
+        x: [rmap.num_in, C_in] features (float32/float64/float16/bfloat16).
+        weight: [R, C_in, C_out], or [R, groups, C_in/groups, C_out/groups] for block-diagonal
+            (grouped) weights, same dtype and device as `x`.
+        rmap: the pairs; `rmap.num_relations` must equal R.
+        groups: channel groups; each group of C_in/groups inputs feeds its own C_out/groups outputs.
+
+    Returns:
+        [rmap.num_out, C_out] in x's dtype (float16/bfloat16 accumulate in float32). Outputs without
+        pairs are zero. Differentiable in `x` and `weight`.
+    """
+    if not isinstance(rmap, RelationalMap):
+        raise TypeError(f"rmap must be a RelationalMap, got {type(rmap).__name__}")
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D tensor [num_in, C_in], got {_shape(x)}")
+    if x.shape[0] != rmap.num_in:
+        raise ValueError(f"x has {x.shape[0]} rows but the map has num_in={rmap.num_in}")
+    w = as_grouped_weight(weight, groups)
+    if w.shape[0] != rmap.num_relations:
+        raise ValueError(
+            f"weight has {w.shape[0]} relations but the map has num_relations={rmap.num_relations}"
+        )
+    if x.shape[1] != w.shape[1] * w.shape[2]:
+        raise ValueError(
+            f"x has {x.shape[1]} channels but weight expects C_in = {w.shape[1] * w.shape[2]}"
+        )
+    if x.device != rmap.device:
+        raise ValueError(f"x is on {x.device} but the map is on {rmap.device}")
+    return _conv(x, w, rmap.in_index, rmap.out_index, rmap.rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out)
+
+
+def relational_conv_weight_grad(x: Tensor, grad_out: Tensor, rmap: RelationalMap, groups: int = 1) -> Tensor:
+    """`dW[r] = sum over pairs p of relation r of scale[p] * x[i]^T grad_out[o]`.
+
+    Returns [R, groups, C_in/groups, C_out/groups] (squeeze dim 1 for groups == 1) in x's dtype.
+    """
+    if x.shape[0] != rmap.num_in or grad_out.shape[0] != rmap.num_out:
+        raise ValueError(
+            f"x rows ({x.shape[0]}) / grad_out rows ({grad_out.shape[0]}) must equal the map's "
+            f"num_in ({rmap.num_in}) / num_out ({rmap.num_out})"
+        )
+    return _weight_grad(
+        x, grad_out, rmap.in_index, rmap.out_index, rmap.rel_ptr, _scale_for(rmap, x.dtype), groups
+    )
+
+
+def _shape(t: object) -> str:
+    return f"shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+
+
+# ---------------------------------------------------------------------------- fake kernels
+@torch.library.register_fake("relconv::relational_conv")
+def _conv_fake(x, weight, in_index, out_index, rel_ptr, scale, num_out):
+    return x.new_empty((num_out, weight.shape[1] * weight.shape[3]))
+
+
+@torch.library.register_fake("relconv::relational_conv_weight_grad")
+def _weight_grad_fake(x, grad_out, in_index, out_index, rel_ptr, scale, groups):
+    r = rel_ptr.shape[0] - 1
+    return x.new_empty((r, groups, x.shape[1] // groups, grad_out.shape[1] // groups))
+
+
+# ---------------------------------------------------------------------------- autograd
+# The input gradient is the same op over the transposed map (in/out swapped, still grouped by
+# relation) with W[r]^T; the weight gradient is its own gather-gather op. Both are themselves
+# differentiable, so double backward works.
+def _conv_setup(ctx, inputs, output):
+    x, weight, in_index, out_index, rel_ptr, scale, _ = inputs
+    ctx.save_for_backward(x, weight, in_index, out_index, rel_ptr, scale)
+    ctx.num_in = x.shape[0]
+
+
+def _conv_backward(ctx, grad):
+    x, weight, in_index, out_index, rel_ptr, scale = ctx.saved_tensors
+    grad = grad.contiguous()
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[0]:
+        grad_x = _conv(grad, weight.transpose(2, 3), out_index, in_index, rel_ptr, scale, ctx.num_in)
+    if ctx.needs_input_grad[1]:
+        grad_w = _weight_grad(x, grad, in_index, out_index, rel_ptr, scale, weight.shape[1])
+    return grad_x, grad_w, None, None, None, None, None
+
+
+def _weight_grad_setup(ctx, inputs, output):
+    x, grad_out, in_index, out_index, rel_ptr, scale, _ = inputs
+    ctx.save_for_backward(x, grad_out, in_index, out_index, rel_ptr, scale)
+
+
+def _weight_grad_backward(ctx, gw):
+    # dW = WG(x, g) is bilinear: d/dx = conv(g, gw^T, transposed map), d/dg = conv(x, gw, map).
+    x, grad_out, in_index, out_index, rel_ptr, scale = ctx.saved_tensors
+    gw = gw.contiguous()
+    dx = dg = None
+    if ctx.needs_input_grad[0]:
+        dx = _conv(grad_out, gw.transpose(2, 3), out_index, in_index, rel_ptr, scale, x.shape[0])
+    if ctx.needs_input_grad[1]:
+        dg = _conv(x, gw, in_index, out_index, rel_ptr, scale, grad_out.shape[0])
+    return dx, dg, None, None, None, None, None
+
+
+torch.library.register_autograd("relconv::relational_conv", _conv_backward, setup_context=_conv_setup)
+torch.library.register_autograd(
+    "relconv::relational_conv_weight_grad", _weight_grad_backward, setup_context=_weight_grad_setup
+)

@@ -1,0 +1,47 @@
+"""Builds the single extension `relconv._C`.
+
+CPU kernels are always compiled. CUDA kernels are added when torch sees a GPU or FORCE_CUDA=1 is set
+(and a CUDA toolkit is found); TORCH_CUDA_ARCH_LIST and MAX_JOBS are honoured by torch's builder.
+"""
+
+import glob
+import os
+
+import torch
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources(pattern: str) -> list[str]:
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
+
+
+def _with_cuda() -> bool:
+    wanted = torch.cuda.is_available() or os.environ.get("FORCE_CUDA", "0") == "1"
+    if wanted and CUDA_HOME is None:
+        raise RuntimeError("relconv: CUDA build requested but no CUDA toolkit found; set CUDA_HOME")
+    return wanted
+
+
+def _extension():
+    sources = ["csrc/library.cpp", *_sources("csrc/cpu/*.cpp")]
+    include_dirs = [os.path.join(ROOT, "csrc")]
+    cxx = ["-O3", "-std=c++17"]
+    if not _with_cuda():
+        return CppExtension("relconv._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx})
+    nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-DRELCONV_WITH_CUDA"]
+    return CUDAExtension(
+        "relconv._C",
+        sources + _sources("csrc/cuda/*.cu"),
+        include_dirs=include_dirs,
+        define_macros=[("RELCONV_WITH_CUDA", None)],
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+    )
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
