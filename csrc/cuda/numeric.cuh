@@ -1,0 +1,42 @@
+#pragma once
+// Element types the kernels take and how they convert to and from their accumulation type.
+// float16/bfloat16 accumulate in float32, float32 in itself, float64 in itself.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace relconv::cuda {
+
+template <typename T>
+struct AccOf {
+  using type = float;
+};
+template <>
+struct AccOf<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename AccOf<T>::type;
+
+// Elements per 16-byte vector load: the unit of every vectorised global access.
+template <typename T>
+inline constexpr int kVecElems = 16 / static_cast<int>(sizeof(T));
+
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+
+template <typename T>
+__device__ __forceinline__ T from_acc(acc_t<T> v);
+template <>
+__device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ double from_acc<double>(double v) { return v; }
+
+}  // namespace relconv::cuda

@@ -1,0 +1,264 @@
+// CUDA launch wrappers of the relational-convolution ops: validate (metadata only), pick a tile
+// configuration from the channel counts, launch the schedule kernel and ONE main kernel covering all
+// relations. No host synchronisation: every launch size comes from tensor shapes, so a forward pass
+// can be captured in a CUDA graph.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "common/checks.h"
+#include "cuda/conv_forward.cuh"
+#include "cuda/conv_weight_grad.cuh"
+#include "cuda/tile_schedule.cuh"
+
+namespace relconv {
+namespace {
+
+using cuda::acc_t;
+
+// Calls f(T{}, Idx{}) with the CUDA element type of `dtype` and the index type of `index_dtype`.
+template <typename F>
+void dispatch_types(at::ScalarType dtype, at::ScalarType index_dtype, F&& f) {
+  auto with_index = [&](auto t) {
+    if (index_dtype == at::kInt) {
+      f(t, int32_t{});
+    } else {
+      f(t, int64_t{});
+    }
+  };
+  switch (dtype) {
+    case at::kFloat: return with_index(float{});
+    case at::kDouble: return with_index(double{});
+    case at::kHalf: return with_index(__half{});
+    case at::kBFloat16: return with_index(__nv_bfloat16{});
+    default: TORCH_CHECK(false, "relconv CUDA kernels: unsupported dtype ", dtype);
+  }
+}
+
+template <typename T>
+const T* ptr(const at::Tensor& t) {
+  return reinterpret_cast<const T*>(t.const_data_ptr());
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Upper bound on the number of tiles (see tile_schedule.cuh) and the device-side tile offsets.
+int64_t schedule_tiles(const at::Tensor& rel_ptr, int64_t num_pairs, int64_t pairs_per_tile, at::Tensor& tile_ptr,
+                       cudaStream_t stream) {
+  const int64_t num_rel = rel_ptr.numel() - 1;
+  tile_ptr = at::empty({num_rel + 1}, rel_ptr.options());
+  cuda::relation_tile_offsets<<<1, cuda::kScheduleThreads, 0, stream>>>(
+      rel_ptr.const_data_ptr<int64_t>(), num_rel, num_pairs, pairs_per_tile, tile_ptr.mutable_data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t bound = (num_pairs + pairs_per_tile - 1) / pairs_per_tile + num_rel;
+  TORCH_CHECK(bound <= std::numeric_limits<int32_t>::max(), "relconv: ", num_pairs, " pairs over ", num_rel,
+              " relations need more than 2^31 - 1 thread blocks");
+  return bound;
+}
+
+void check_grid_y(int64_t y, int64_t z = 1) {
+  TORCH_CHECK(y <= 65535 && z <= 65535, "relconv CUDA kernels: too many channel tiles x groups (", y, ", ", z,
+              "); at most 65535 each");
+}
+
+// ---------------------------------------------------------------- forward
+
+// Tile shapes by output channels per group: the block spans as much of C_out as fits so that each
+// gathered A row is reused across many columns; narrow outputs get taller pair tiles instead.
+template <int BM_, int BN_, int BK_, int WM_, int WN_>
+struct Tiles {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
+};
+
+template <typename T, typename Idx, typename Cfg, bool kTensorCores>
+void launch_forward(cuda::ConvForwardArgs<T, Idx> a, const at::Tensor& rel_ptr, cudaStream_t stream) {
+  at::Tensor tile_ptr;
+  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, Cfg::BM, tile_ptr, stream);
+  a.tile_ptr = tile_ptr.const_data_ptr<int64_t>();
+  a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
+  const int64_t y = int64_t{a.n_tiles} * a.groups;
+  check_grid_y(y);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y));
+  if constexpr (kTensorCores) {
+    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
+    cuda::conv_forward_wmma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN><<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    // WM, WN are the per-thread TM, TN here.
+    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN);
+    cuda::conv_forward_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN><<<grid, kThreads, 0, stream>>>(a);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename Idx>
+void forward_by_width(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& rel_ptr, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    // 4 warps each; warp tiles of 32x32 or 32x64 keep 4-8 accumulator fragments per warp.
+    if (a.cout_g <= 32) return launch_forward<T, Idx, Tiles<128, 32, 32, 32, 32>, true>(a, rel_ptr, stream);
+    if (a.cout_g <= 64) return launch_forward<T, Idx, Tiles<64, 64, 32, 32, 32>, true>(a, rel_ptr, stream);
+    return launch_forward<T, Idx, Tiles<64, 128, 32, 32, 64>, true>(a, rel_ptr, stream);
+  } else {
+    // 256 threads each, 16 or 32 accumulators per thread.
+    if (a.cout_g <= 32) return launch_forward<T, Idx, Tiles<128, 32, 16, 4, 4>, false>(a, rel_ptr, stream);
+    if (a.cout_g <= 64) return launch_forward<T, Idx, Tiles<64, 64, 16, 4, 4>, false>(a, rel_ptr, stream);
+    return launch_forward<T, Idx, Tiles<64, 128, 16, 4, 8>, false>(a, rel_ptr, stream);
+  }
+}
+
+at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
+                                const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                                const std::optional<at::Tensor>& scale, int64_t num_out) {
+  const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
+  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
+  TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto acc = acc_dtype(x.scalar_type());
+  // float32/float64 accumulate straight into the output; half/bfloat16 into an fp32 buffer, cast at the end.
+  at::Tensor out = at::zeros({num_out, s.groups * s.cout_g}, x.options().dtype(acc));
+  if (s.num_pairs == 0 || num_out == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0) {
+    return out.to(x.scalar_type());
+  }
+  TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
+                  s.groups <= std::numeric_limits<int32_t>::max(),
+              "relconv CUDA kernels: channel counts must fit int32");
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
+  const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+
+  dispatch_types(x.scalar_type(), in_index.scalar_type(), [&](auto t, auto i) {
+    using T = decltype(t);
+    using Idx = decltype(i);
+    constexpr int V = cuda::kVecElems<T>;
+    cuda::ConvForwardArgs<T, Idx> a{};
+    a.x = ptr<T>(xc);
+    a.weight = ptr<T>(wc);
+    a.in_index = ptr<Idx>(ii);
+    a.out_index = ptr<Idx>(oi);
+    a.rel_ptr = rp.const_data_ptr<int64_t>();
+    a.scale = sc ? ptr<acc_t<T>>(*sc) : nullptr;
+    a.out = reinterpret_cast<acc_t<T>*>(out.mutable_data_ptr());
+    a.num_in = x.size(0);
+    a.num_out = num_out;
+    a.num_pairs = s.num_pairs;
+    a.num_relations = s.num_relations;
+    a.groups = static_cast<int>(s.groups);
+    a.cin_g = static_cast<int>(s.cin_g);
+    a.cout_g = static_cast<int>(s.cout_g);
+    // Row offsets are multiples of cin_g (x) / cout_g (W), so those decide vector loads.
+    a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
+    a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
+    forward_by_width<T, Idx>(a, rp, stream);
+  });
+  return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
+}
+
+// ---------------------------------------------------------------- weight gradient
+
+// Pairs per block: enough blocks to fill the GPU several times over, otherwise as many pairs as
+// possible per block (fewer atomics on dW). Capped so that one block never walks a huge relation alone.
+int64_t weight_grad_pairs_per_tile(int64_t num_pairs, int64_t blocks_per_slab, int bk) {
+  constexpr int64_t kTargetBlocks = 2048, kMaxSlabs = 64;
+  const int64_t slabs_wanted = std::max<int64_t>(1, kTargetBlocks / std::max<int64_t>(1, blocks_per_slab));
+  const int64_t per_block = (num_pairs + slabs_wanted - 1) / slabs_wanted;
+  const int64_t slabs = std::clamp<int64_t>((per_block + bk - 1) / bk, 1, kMaxSlabs);
+  return slabs * bk;
+}
+
+template <typename T, typename Idx, typename Cfg, bool kTensorCores>
+void launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& rel_ptr, cudaStream_t stream) {
+  const int m_tiles = (a.cin_g + Cfg::BM - 1) / Cfg::BM;
+  a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
+  const int64_t y = int64_t{m_tiles} * a.n_tiles;
+  check_grid_y(y, a.groups);
+  a.pairs_per_tile = weight_grad_pairs_per_tile(a.num_pairs, y * a.groups, Cfg::BK);
+  at::Tensor tile_ptr;
+  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, a.pairs_per_tile, tile_ptr, stream);
+  a.tile_ptr = tile_ptr.const_data_ptr<int64_t>();
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y), static_cast<unsigned>(a.groups));
+  if constexpr (kTensorCores) {
+    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
+    cuda::conv_weight_grad_wmma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN>
+        <<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN);
+    cuda::conv_weight_grad_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN>
+        <<<grid, kThreads, 0, stream>>>(a);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename Idx>
+void weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at::Tensor& rel_ptr, cudaStream_t stream) {
+  const bool narrow = a.cin_g <= 32 && a.cout_g <= 32;
+  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    if (narrow) return launch_weight_grad<T, Idx, Tiles<32, 32, 32, 16, 16>, true>(a, rel_ptr, stream);
+    return launch_weight_grad<T, Idx, Tiles<64, 64, 32, 32, 32>, true>(a, rel_ptr, stream);
+  } else {
+    if (narrow) return launch_weight_grad<T, Idx, Tiles<32, 32, 16, 2, 2>, false>(a, rel_ptr, stream);
+    return launch_weight_grad<T, Idx, Tiles<64, 64, 16, 4, 4>, false>(a, rel_ptr, stream);
+  }
+}
+
+at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tensor& grad_out,
+                                            const at::Tensor& in_index, const at::Tensor& out_index,
+                                            const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale,
+                                            int64_t groups) {
+  const ConvShape s = check_weight_grad_args(x, grad_out, in_index, out_index, rel_ptr, scale, groups);
+  TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto acc = acc_dtype(x.scalar_type());
+  at::Tensor dw = at::zeros({s.num_relations, s.groups, s.cin_g, s.cout_g}, x.options().dtype(acc));
+  if (s.num_pairs == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0 || x.size(0) == 0 ||
+      grad_out.size(0) == 0) {
+    return dw.to(x.scalar_type());
+  }
+  TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
+                  s.groups <= std::numeric_limits<int32_t>::max(),
+              "relconv CUDA kernels: channel counts must fit int32");
+  const at::Tensor xc = x.contiguous(), gc = grad_out.contiguous();
+  const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
+  const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+
+  dispatch_types(x.scalar_type(), in_index.scalar_type(), [&](auto t, auto i) {
+    using T = decltype(t);
+    using Idx = decltype(i);
+    constexpr int V = cuda::kVecElems<T>;
+    cuda::WeightGradArgs<T, Idx> a{};
+    a.x = ptr<T>(xc);
+    a.grad = ptr<T>(gc);
+    a.in_index = ptr<Idx>(ii);
+    a.out_index = ptr<Idx>(oi);
+    a.rel_ptr = rp.const_data_ptr<int64_t>();
+    a.scale = sc ? ptr<acc_t<T>>(*sc) : nullptr;
+    a.dw = reinterpret_cast<acc_t<T>*>(dw.mutable_data_ptr());
+    a.num_in = x.size(0);
+    a.num_out = grad_out.size(0);
+    a.num_pairs = s.num_pairs;
+    a.num_relations = s.num_relations;
+    a.groups = static_cast<int>(s.groups);
+    a.cin_g = static_cast<int>(s.cin_g);
+    a.cout_g = static_cast<int>(s.cout_g);
+    a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
+    a.vec_g = s.cout_g % V == 0 && aligned16(a.grad);
+    weight_grad_by_width<T, Idx>(a, rp, stream);
+  });
+  return dw.scalar_type() == x.scalar_type() ? dw : dw.to(x.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
+  m.impl("relational_conv", &relational_conv_cuda);
+  m.impl("relational_conv_weight_grad", &relational_conv_weight_grad_cuda);
+}
+
+}  // namespace relconv

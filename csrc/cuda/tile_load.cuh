@@ -1,0 +1,75 @@
+#pragma once
+// Gathers a ROWS x COLS tile from rows scattered in global memory into shared memory: the A-operand
+// load of every relconv kernel (gathered feature rows) and of the dense weight tile alike.
+#include <cstdint>
+
+#include "numeric.cuh"
+
+namespace relconv::cuda {
+
+// row_offset(i): element offset of tile row i's first channel in `src`, or a negative value for a row
+// that is zero-filled (past the relation's end, an out-of-range index, past the last K row).
+// Columns col0 + c >= col_limit are zero-filled too, so any channel count works.
+// row_scale(i): factor applied to row i on the way in (only when kScaled; used by the weight
+// gradient, which folds the pair's scale into the grad_out rows).
+// kTransposed stores element (i, c) at dst[c * ld + i] (channel-major, the layout the SIMT outer
+// product reads), otherwise at dst[i * ld + c].
+//
+// Thread mapping: consecutive threads take consecutive 16-byte chunks of the same row, so a warp
+// reads whole 32-byte sectors of each gathered row. The vector path needs `vec`: src 16-byte aligned,
+// every row offset, col0 and col_limit multiples of kVecElems<T>; then a chunk is entirely in or out.
+template <typename T, int ROWS, int COLS, int THREADS, bool kTransposed, bool kScaled, typename RowOffset,
+          typename RowScale>
+__device__ __forceinline__ void load_rows(T* __restrict__ dst, int ld, const T* __restrict__ src,
+                                          RowOffset row_offset, RowScale row_scale, int col0, int col_limit,
+                                          bool vec) {
+  constexpr int V = kVecElems<T>;
+  static_assert(COLS % V == 0, "tile width must be a whole number of 16-byte vectors");
+  if (vec) {
+    constexpr int kChunks = COLS / V;
+#pragma unroll
+    for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += THREADS) {
+      const int i = idx / kChunks, c = (idx % kChunks) * V;
+      const int64_t off = row_offset(i);
+      // memcpy (not pointer casts) between the vector and its elements keeps both in registers.
+      uint4 u = make_uint4(0, 0, 0, 0);
+      if (off >= 0 && col0 + c < col_limit) {
+        u = __ldg(reinterpret_cast<const uint4*>(src + off + col0 + c));
+        if constexpr (kScaled) {
+          const acc_t<T> s = row_scale(i);
+          T e[V];
+          memcpy(e, &u, sizeof(u));
+#pragma unroll
+          for (int j = 0; j < V; ++j) e[j] = from_acc<T>(to_acc(e[j]) * s);
+          memcpy(&u, e, sizeof(u));
+        }
+      }
+      if constexpr (kTransposed) {
+        T e[V];
+        memcpy(e, &u, sizeof(u));
+#pragma unroll
+        for (int j = 0; j < V; ++j) dst[(c + j) * ld + i] = e[j];
+      } else {
+        *reinterpret_cast<uint4*>(dst + i * ld + c) = u;
+      }
+    }
+  } else {
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < ROWS * COLS; idx += THREADS) {
+      const int i = idx / COLS, c = idx % COLS;
+      const int64_t off = row_offset(i);
+      acc_t<T> v = 0;
+      if (off >= 0 && col0 + c < col_limit) {
+        v = to_acc(src[off + col0 + c]);
+        if constexpr (kScaled) v *= row_scale(i);
+      }
+      dst[kTransposed ? c * ld + i : i * ld + c] = from_acc<T>(v);
+    }
+  }
+}
+
+struct NoScale {
+  __device__ __forceinline__ float operator()(int) const { return 1.f; }
+};
+
+}  // namespace relconv::cuda

@@ -1,0 +1,86 @@
+#pragma once
+// How one launch covers every relation without a host loop or a host read of rel_ptr.
+//
+// Each relation's pairs are cut into tiles of `pairs_per_tile` consecutive pairs; tiles never straddle
+// two relations, so a block works with one weight matrix. A tiny single-block kernel turns rel_ptr
+// into tile_ptr (CSR offsets of tiles per relation) on the device. The host launches an upper bound of
+// blocks, ceil(P / pairs_per_tile) + R (each relation adds at most one partial tile), computed from
+// plain ints; block b finds its relation by binary search in tile_ptr and surplus blocks exit.
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+namespace relconv::cuda {
+
+// Pair range [begin, end) of relation r, clamped into [0, num_pairs] so that a malformed rel_ptr can
+// never make a kernel read outside the pair arrays (such a map is rejected when it is built; the
+// kernels must merely stay in bounds).
+struct PairRange {
+  int64_t begin, end;
+};
+
+__device__ __forceinline__ PairRange relation_pairs(const int64_t* __restrict__ rel_ptr, int64_t r,
+                                                    int64_t num_pairs) {
+  const int64_t b = min(max(rel_ptr[r], int64_t{0}), num_pairs);
+  const int64_t e = min(max(rel_ptr[r + 1], b), num_pairs);
+  return {b, e};
+}
+
+constexpr int kScheduleThreads = 512;
+
+// tile_ptr[0] = 0, tile_ptr[r + 1] = tile_ptr[r] + ceil(pairs of relation r / pairs_per_tile).
+// One block of kScheduleThreads walks the relations in chunks, carrying the running total.
+__global__ void __launch_bounds__(kScheduleThreads)
+    relation_tile_offsets(const int64_t* __restrict__ rel_ptr, int64_t num_relations, int64_t num_pairs,
+                          int64_t pairs_per_tile, int64_t* __restrict__ tile_ptr) {
+  using Scan = cub::BlockScan<int64_t, kScheduleThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int64_t carry;
+  if (threadIdx.x == 0) {
+    carry = 0;
+    tile_ptr[0] = 0;
+  }
+  __syncthreads();
+  for (int64_t base = 0; base < num_relations; base += kScheduleThreads) {
+    const int64_t r = base + threadIdx.x;
+    int64_t tiles = 0;
+    if (r < num_relations) {
+      const PairRange pr = relation_pairs(rel_ptr, r, num_pairs);
+      tiles = (pr.end - pr.begin + pairs_per_tile - 1) / pairs_per_tile;
+    }
+    int64_t inclusive, chunk_total;
+    Scan(scan_storage).InclusiveSum(tiles, inclusive, chunk_total);
+    if (r < num_relations) tile_ptr[r + 1] = carry + inclusive;
+    __syncthreads();  // everyone has read `carry` and scan_storage may be reused
+    if (threadIdx.x == 0) carry += chunk_total;
+    __syncthreads();
+  }
+}
+
+// The tile a block works on: relation r and its pair range [begin, end) (at most pairs_per_tile).
+struct PairTile {
+  bool valid;
+  int64_t relation, begin, end;
+};
+
+__device__ __forceinline__ PairTile locate_tile(const int64_t* __restrict__ rel_ptr,
+                                                const int64_t* __restrict__ tile_ptr, int64_t num_relations,
+                                                int64_t num_pairs, int64_t pairs_per_tile, int64_t tile) {
+  if (tile >= tile_ptr[num_relations]) return {false, 0, 0, 0};
+  // Invariant tile_ptr[lo] <= tile < tile_ptr[hi]; ends at the last relation starting at or before
+  // `tile`, which is non-empty because its successor's offset is larger.
+  int64_t lo = 0, hi = num_relations;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (tile_ptr[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const PairRange pr = relation_pairs(rel_ptr, lo, num_pairs);
+  const int64_t begin = pr.begin + (tile - tile_ptr[lo]) * pairs_per_tile;
+  return {true, lo, begin, min(begin + pairs_per_tile, pr.end)};
+}
+
+}  // namespace relconv::cuda
