@@ -1,0 +1,48 @@
+"""Voxel sparse convolution on the relconv core: VoxelTensor, voxelize, kernel maps, layers, models.
+
+See docs/voxel.md for the conventions (coordinate layout, kernel-offset order, weight layouts,
+negative coordinates, map caching and `indice_key`).
+"""
+
+from relconv.voxel.conv import Conv3d, conv3d
+from relconv.voxel.kernel_map import (
+    generative_map,
+    kernel_offsets,
+    strided_map,
+    strided_output_coords,
+    submanifold_map,
+    transposed_map,
+)
+from relconv.voxel.nn import BatchNorm, Dropout, LeakyReLU, ReLU, Sequential
+from relconv.voxel.pool import AvgPool3d, GlobalAvgPool, GlobalMaxPool, MaxPool3d, global_pool, pool3d
+from relconv.voxel.tensor import MapCache, VoxelTensor, cat
+from relconv.voxel.voxelize import Voxelized, collate, devoxelize, voxelize
+
+__all__ = [
+    "AvgPool3d",
+    "BatchNorm",
+    "Conv3d",
+    "Dropout",
+    "GlobalAvgPool",
+    "GlobalMaxPool",
+    "LeakyReLU",
+    "MapCache",
+    "MaxPool3d",
+    "ReLU",
+    "Sequential",
+    "VoxelTensor",
+    "Voxelized",
+    "cat",
+    "collate",
+    "conv3d",
+    "devoxelize",
+    "generative_map",
+    "global_pool",
+    "kernel_offsets",
+    "pool3d",
+    "strided_map",
+    "strided_output_coords",
+    "submanifold_map",
+    "transposed_map",
+    "voxelize",
+]

@@ -1,0 +1,163 @@
+"""Sparse 3-D convolution on VoxelTensors, run by the core `relational_conv` op.
+
+Conventions (stable; the benchmarks convert weights to other libraries' layouts with them):
+
+* **Kernel offsets.** A kernel of size (kx, ky, kz) has K = kx * ky * kz offsets, enumerated with x
+  slowest and z fastest: `k = (ix * ky + iy) * kz + iz`. Per axis, an odd size k covers the centred
+  offsets -(k-1)/2 .. (k-1)/2 and an even size covers 0 .. k-1 (so a 2x2x2 stride-2 kernel covers the
+  2^3 children of each coarse voxel). `relconv.voxel.kernel_map.kernel_offsets` returns them.
+  Offsets are in units of dilation * tensor stride (for a transposed conv: of the output stride).
+* **Weights.** `[K, C_in, C_out]` for groups == 1 and `[K, groups, C_in/groups, C_out/groups]` for
+  grouped / depthwise conv (the core op's block-diagonal layout). Offset k multiplies as
+  `x[i] @ W[k]`. A dense `torch.nn.functional.conv3d` weight `w [C_out, C_in, kx, ky, kz]` maps to
+  `W[k] = w[:, :, ix, iy, iz].T`, with input padding `(k-1)/2 * dilation` per side for odd sizes
+  and `(k-1) * dilation` on the high side for even stride-1 sizes (none for even strided ones).
+* **Geometry.** stride 1: submanifold, output coordinates = input coordinates,
+  `out[p] = sum_k x[p + off_k] W[k]`. stride s > 1: output coordinates
+  `q = unique(floor(p / (s t)) * (s t))` for tensor stride t, `out[q] = sum_k x[q + off_k] W[k]`,
+  output tensor stride s t. `transposed=True`: the strided map of the same geometry transposed, back
+  to the coordinates at tensor stride t / s (found in the shared map cache or via `indice_key`),
+  equal to `conv_transpose3d` restricted to those sites. `generative=True` (with transposed):
+  outputs every `q + off_k` at tensor stride t / s, the full support of `conv_transpose3d`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from relconv.ops import relational_conv
+from relconv.voxel.maps import layer_map
+from relconv.voxel.tensor import VoxelTensor
+from relconv.voxel.utils import triple
+
+
+def conv3d(
+    x: VoxelTensor,
+    weight: Tensor,
+    kernel_size: int | Sequence[int],
+    stride: int | Sequence[int] = 1,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    bias: Tensor | None = None,
+    transposed: bool = False,
+    generative: bool = False,
+    indice_key: str | None = None,
+) -> VoxelTensor:
+    """Functional sparse conv; see the module docstring for geometry and weight layout.
+
+    Args:
+        x: input with features [N, C_in].
+        weight: [K, C_in, C_out] or [K, groups, C_in/groups, C_out/groups], K = prod(kernel_size).
+        bias: optional [C_out].
+    Returns:
+        VoxelTensor with features [M, C_out] at the output coordinates.
+    """
+    if not isinstance(x, VoxelTensor):
+        raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
+    k, s, d = triple(kernel_size, "kernel_size"), triple(stride, "stride"), triple(dilation, "dilation")
+    if max(k) > 7:
+        raise ValueError(f"kernel_size must lie in 1..7 per axis, got {k}")
+    if generative and not transposed:
+        raise ValueError("generative=True needs transposed=True (it creates upsampled coordinates)")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+    if weight.shape[0] != math.prod(k):
+        raise ValueError(f"weight has {weight.shape[0]} offsets but kernel_size {k} has {math.prod(k)}")
+    if k == (1, 1, 1) and s == (1, 1, 1) and groups == 1 and indice_key is None:
+        # A 1x1x1 submanifold conv is a plain matmul; skip the identity map.
+        out = x.feats @ weight[0]
+        return x.replace_feature(out if bias is None else out + bias)
+    lm = layer_map(x, k, s, d, transposed, generative, indice_key)
+    out = relational_conv(x.feats, weight, lm.rmap, groups)
+    if bias is not None:
+        out = out + bias
+    return VoxelTensor(out, lm.out_coords, lm.out_stride, cache=lm.out_cache)
+
+
+class Conv3d(nn.Module):
+    """Sparse 3-D convolution (stride 1 = submanifold); weight `[K, C_in, C_out]`.
+
+    Args:
+        in_channels, out_channels: C_in, C_out (both divisible by `groups`).
+        kernel_size: 1..7 per axis, odd (centred) or even (0..k-1).
+        stride, dilation: ints or per-axis triples.
+        groups: channel groups; the weight is then `[K, groups, C_in/groups, C_out/groups]`.
+        bias: learnable `[C_out]` bias.
+        transposed: upsample by `stride` onto the coordinates the matching strided conv came from.
+        generative: with `transposed`, create all output coordinates the kernel reaches instead.
+        indice_key: name under which the map is shared (a transposed conv reuses the strided one).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        bias: bool = False,
+        transposed: bool = False,
+        generative: bool = False,
+        indice_key: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.kernel_size = triple(kernel_size, "kernel_size")
+        if max(self.kernel_size) > 7:
+            raise ValueError(f"kernel_size must lie in 1..7 per axis, got {self.kernel_size}")
+        self.stride = triple(stride, "stride")
+        self.dilation = triple(dilation, "dilation")
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"groups ({groups}) must be positive and divide in_channels ({in_channels}) "
+                f"and out_channels ({out_channels})"
+            )
+        if generative and not transposed:
+            raise ValueError("generative=True needs transposed=True")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.transposed, self.generative, self.indice_key = transposed, generative, indice_key
+        kv = math.prod(self.kernel_size)
+        shape = (
+            (kv, in_channels, out_channels)
+            if groups == 1
+            else (kv, groups, in_channels // groups, out_channels // groups)
+        )
+        self.weight = nn.Parameter(torch.empty(shape))
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Same fan-in scaling as torch.nn.Conv3d's default (kaiming_uniform with a = sqrt(5)).
+        fan_in = self.weight.shape[0] * self.in_channels // self.groups
+        bound = 1.0 / math.sqrt(fan_in)
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: VoxelTensor) -> VoxelTensor:
+        return conv3d(
+            x,
+            self.weight,
+            self.kernel_size,
+            self.stride,
+            self.dilation,
+            self.groups,
+            self.bias,
+            self.transposed,
+            self.generative,
+            self.indice_key,
+        )
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.dilation != (1, 1, 1):
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.transposed:
+            s += ", transposed=True" + (", generative=True" if self.generative else "")
+        return s

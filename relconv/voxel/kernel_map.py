@@ -1,0 +1,190 @@
+"""Kernel maps from coordinates: sorted packed keys + one batched `searchsorted`, no hash tables.
+
+The same torch code runs on CPU and CUDA, so both devices build identical maps. Each builder packs
+the coordinates into int64 keys (`relconv.voxel.keys`), sorts the input keys once, forms the query
+keys of ALL K kernel offsets at once as a `[K, num_out]` tensor and looks them up with one
+`torch.searchsorted`; the hits become the pairs of a `RelationalMap` whose relation is the kernel
+offset index. `nonzero` over the `[K, num_out]` hit mask yields pairs already grouped by offset and,
+within an offset, sorted by output row: the canonical (relation, out, in) order of
+`RelationalMap.from_triples`, built without its extra sort. Host synchronisations per map: the
+coordinate bounds, the duplicate check and the pair count (O(1), independent of K).
+
+Offsets follow `relconv.voxel.conv`'s convention: x slowest, z fastest; per axis an odd kernel k
+covers -(k-1)/2 .. (k-1)/2 and an even kernel covers 0 .. k-1, times dilation * tensor stride.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from relconv.core import RelationalMap, index_dtype_for
+from relconv.voxel.keys import KeyPacking, bounds, make_packing
+from relconv.voxel.utils import Triple
+
+
+def axis_offsets(k: int) -> range:
+    """Offsets of one axis of a size-`k` kernel: centred for odd k, 0..k-1 for even k."""
+    return range(-(k // 2), k // 2 + 1) if k % 2 else range(0, k)
+
+
+def kernel_offsets(kernel_size: Triple, device: torch.device | str | None = None) -> Tensor:
+    """[K, 3] int64 unit offsets in weight order (x slowest, z fastest), K = kx * ky * kz."""
+    axes = [torch.tensor(list(axis_offsets(k)), dtype=torch.int64, device=device) for k in kernel_size]
+    grid = torch.meshgrid(*axes, indexing="ij")
+    return torch.stack([g.reshape(-1) for g in grid], 1)
+
+
+def _reach(kernel_size: Triple, step: Triple) -> tuple[int, int, int]:
+    """Largest |offset| per axis, in coordinate units."""
+    return tuple(max(abs(o) for o in axis_offsets(k)) * s for k, s in zip(kernel_size, step, strict=True))
+
+
+def _scaled(offsets: Tensor, step: Triple) -> Tensor:
+    return offsets * torch.tensor(step, dtype=torch.int64, device=offsets.device)
+
+
+def _sorted_keys(packing: KeyPacking, coords: Tensor) -> tuple[Tensor, Tensor]:
+    """Sorted keys and the permutation; raises on duplicate coordinates."""
+    keys, perm = torch.sort(packing.pack(coords))
+    if keys.numel() > 1 and bool((keys[1:] == keys[:-1]).any()):
+        raise ValueError(
+            "coords contain duplicate (batch, x, y, z) rows; merge them first with "
+            "VoxelTensor.coalesce() or voxelize()"
+        )
+    return keys, perm
+
+
+def _empty_map(num_relations: int, num_in: int, num_out: int, device: torch.device) -> RelationalMap:
+    idt = index_dtype_for(num_in, num_out)
+    empty = torch.empty(0, dtype=idt, device=device)
+    ptr = torch.zeros(num_relations + 1, dtype=torch.int64, device=device)
+    return RelationalMap(empty, empty, ptr, num_in, num_out, unique_slots=True, validate=False)
+
+
+def _search(sorted_keys: Tensor, perm: Tensor, queries: Tensor, num_out: int) -> RelationalMap:
+    """Pairs for `queries [K, num_out]`: hit (k, o) -> input perm[position of queries[k, o]]."""
+    num_rel, num_in = queries.shape[0], sorted_keys.numel()
+    if num_in == 0 or num_out == 0:
+        return _empty_map(num_rel, num_in, num_out, queries.device)
+    pos = torch.searchsorted(sorted_keys, queries).clamp_(max=num_in - 1)
+    hit = sorted_keys[pos] == queries
+    rel, out = hit.nonzero(as_tuple=True)
+    inp = perm[pos[rel, out]]
+    ptr = torch.zeros(num_rel + 1, dtype=torch.int64, device=queries.device)
+    torch.cumsum(hit.sum(1), 0, out=ptr[1:])
+    idt = index_dtype_for(num_in, num_out, inp.numel())
+    return RelationalMap(inp.to(idt), out.to(idt), ptr, num_in, num_out, unique_slots=True, validate=False)
+
+
+def submanifold_map(
+    coords: Tensor, kernel_size: Triple, dilation: Triple, tensor_stride: Triple
+) -> RelationalMap:
+    """Map with output coordinates = input coordinates: pair (i, o, k) iff p_i = p_o + offset_k.
+
+    Args:
+        coords: [N, 4] int32 (batch, x, y, z), multiples of `tensor_stride`, no duplicates.
+    Returns:
+        RelationalMap with num_in = num_out = N, K = prod(kernel_size) relations.
+    """
+    step = tuple(d * t for d, t in zip(dilation, tensor_stride, strict=True))
+    lo, hi = bounds(coords)
+    packing = make_packing(lo, hi, _reach(kernel_size, step))
+    keys, perm = _sorted_keys(packing, coords)
+    deltas = packing.delta(_scaled(kernel_offsets(kernel_size, coords.device), step))
+    queries = deltas[:, None] + packing.pack(coords)[None, :]
+    return _search(keys, perm, queries, coords.shape[0])
+
+
+def strided_output_coords(coords: Tensor, stride: Triple, tensor_stride: Triple) -> Tensor:
+    """[M, 4] int32 unique `floor(p / (s * t)) * (s * t)` per axis, sorted by (batch, x, y, z)."""
+    out_step = tuple(s * t for s, t in zip(stride, tensor_stride, strict=True))
+    lo, hi = bounds(coords)
+    packing = make_packing(lo, hi, out_step)
+    return _coarsen(coords, out_step, packing)
+
+
+def _coarsen(coords: Tensor, out_step: Triple, packing: KeyPacking) -> Tensor:
+    c = coords.long()
+    step = torch.tensor((1, *out_step), dtype=torch.int64, device=c.device)
+    coarse = torch.div(c, step, rounding_mode="floor") * step
+    return packing.unpack(torch.unique(packing.pack(coarse), sorted=True))
+
+
+def strided_map(
+    coords: Tensor,
+    kernel_size: Triple,
+    stride: Triple,
+    dilation: Triple,
+    tensor_stride: Triple,
+    out_coords: Tensor | None = None,
+) -> tuple[RelationalMap, Tensor]:
+    """Downsampling map: outputs q = unique(floor(p / (s*t)) * (s*t)); pair iff p_i = q_o + offset_k.
+
+    Args:
+        coords: [N, 4] int32 input coordinates at tensor stride `tensor_stride`.
+        out_coords: the output coordinates when already known (e.g. cached on the tensor); they
+            must equal `strided_output_coords(coords, stride, tensor_stride)`.
+    Returns:
+        (map with num_in = N and num_out = M, out_coords [M, 4] int32 at tensor stride s * t).
+    """
+    step = tuple(d * t for d, t in zip(dilation, tensor_stride, strict=True))
+    out_step = tuple(s * t for s, t in zip(stride, tensor_stride, strict=True))
+    reach = _reach(kernel_size, step)
+    lo, hi = bounds(coords)
+    packing = make_packing(lo, hi, tuple(r + s for r, s in zip(reach, out_step, strict=True)))
+    if out_coords is None:
+        out_coords = _coarsen(coords, out_step, packing)
+    keys, perm = _sorted_keys(packing, coords)
+    deltas = packing.delta(_scaled(kernel_offsets(kernel_size, coords.device), step))
+    queries = deltas[:, None] + packing.pack(out_coords)[None, :]
+    return _search(keys, perm, queries, out_coords.shape[0]), out_coords
+
+
+def transposed_map(forward: RelationalMap) -> RelationalMap:
+    """The strided map with inputs and outputs swapped, keeping `unique_slots`.
+
+    A voxel map is injective both ways for a fixed offset (q = p - offset), so the transposed map
+    still has at most one input per (output, offset) slot; `RelationalMap.transpose()` cannot know
+    that for general maps and drops the flag.
+    """
+    return RelationalMap(
+        forward.out_index,
+        forward.in_index,
+        forward.rel_ptr,
+        forward.num_out,
+        forward.num_in,
+        unique_slots=True,
+        validate=False,
+    )
+
+
+def generative_map(
+    coords: Tensor, kernel_size: Triple, stride: Triple, dilation: Triple, tensor_stride: Triple
+) -> tuple[RelationalMap, Tensor]:
+    """Generative transposed map: outputs are all q + offset_k * dilation * (t / s), new coordinates.
+
+    Output tensor stride is t / s per axis (`tensor_stride` must be divisible by `stride`). This is
+    exactly the support of a dense `conv_transpose3d` with the same kernel, stride and dilation.
+    Returns (map with num_in = N, out_coords [M, 4] int32 sorted by (batch, x, y, z)).
+    """
+    out_ts = tuple(t // s for t, s in zip(tensor_stride, stride, strict=True))
+    step = tuple(d * t for d, t in zip(dilation, out_ts, strict=True))
+    lo, hi = bounds(coords)
+    packing = make_packing(lo, hi, _reach(kernel_size, step))
+    in_keys, perm = _sorted_keys(packing, coords)
+    deltas = packing.delta(_scaled(kernel_offsets(kernel_size, coords.device), step))
+    # Iterating inputs in key order makes each offset's output keys ascending, so the pairs come out
+    # grouped by offset and sorted by output row with no further sort.
+    generated = deltas[:, None] + in_keys[None, :]
+    out_keys = torch.unique(generated, sorted=True)
+    out_coords = packing.unpack(out_keys)
+    num_rel, num_in, num_out = deltas.numel(), coords.shape[0], out_keys.numel()
+    if num_in == 0:
+        return _empty_map(num_rel, 0, 0, coords.device), out_coords
+    out = torch.searchsorted(out_keys, generated).reshape(-1)
+    inp = perm.repeat(num_rel)
+    ptr = torch.arange(num_rel + 1, dtype=torch.int64, device=coords.device) * num_in
+    idt = index_dtype_for(num_in, num_out, inp.numel())
+    rmap = RelationalMap(inp.to(idt), out.to(idt), ptr, num_in, num_out, unique_slots=True, validate=False)
+    return rmap, out_coords

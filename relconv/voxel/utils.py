@@ -1,0 +1,26 @@
+"""Argument normalisation shared by the voxel front end."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+Triple = tuple[int, int, int]
+
+
+def triple(value: int | Sequence[int], name: str, minimum: int = 1) -> Triple:
+    """An int or a length-3 sequence of ints -> (x, y, z); raises naming `name` otherwise."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or 3 ints, got bool")
+    if isinstance(value, int):
+        vals = (value, value, value)
+    elif (
+        isinstance(value, Sequence)
+        and len(value) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        vals = tuple(value)
+    else:
+        raise TypeError(f"{name} must be an int or a sequence of 3 ints, got {value!r}")
+    if min(vals) < minimum:
+        raise ValueError(f"{name} must be >= {minimum} along every axis, got {vals}")
+    return vals  # type: ignore[return-value]

@@ -1,0 +1,105 @@
+"""Points -> voxels (unique coordinates, reduced features) and back; batching of samples."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from relconv.voxel.keys import bounds, make_packing
+from relconv.voxel.tensor import VoxelTensor
+
+
+class Voxelized(NamedTuple):
+    """`tensor`: the voxels (sorted by (batch, x, y, z)); `point_to_voxel [N]` int64 row per point."""
+
+    tensor: VoxelTensor
+    point_to_voxel: Tensor
+
+
+def voxelize(
+    points: Tensor,
+    voxel_size: float | Sequence[float],
+    batch: Tensor | None = None,
+    reduce: str = "mean",
+    feats: Tensor | None = None,
+) -> Voxelized:
+    """Quantises points to voxels `floor(p / voxel_size)` and reduces their features per voxel.
+
+    Same code on CPU and CUDA; the voxel order (sorted by (batch, x, y, z)) is identical on both.
+
+    Args:
+        points: [N, 3] float coordinates (negative values are fine).
+        voxel_size: edge length, one float or (sx, sy, sz), all > 0.
+        batch: optional [N] integer sample index per point (default: all 0).
+        reduce: "mean", "sum" or "max" over the points of a voxel.
+        feats: optional [N, C] float per-point features; default the points themselves.
+    Returns:
+        Voxelized(VoxelTensor with [M, C] features and int32 [M, 4] coords, point_to_voxel [N]).
+    """
+    if not isinstance(points, Tensor) or not points.dtype.is_floating_point:
+        raise TypeError(f"points must be a floating-point tensor, got {_what(points)}")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise ValueError(f"points must have shape [N, 3], got {tuple(points.shape)}")
+    reducer = {"mean": "mean", "sum": "sum", "max": "amax"}.get(reduce)
+    if reducer is None:
+        raise ValueError(f"reduce must be 'mean', 'sum' or 'max', got {reduce!r}")
+    size = torch.as_tensor(voxel_size, dtype=torch.float64, device=points.device).reshape(-1)
+    if size.numel() not in (1, 3) or not bool((size > 0).all()):
+        raise ValueError(f"voxel_size must be one positive float or three, got {voxel_size!r}")
+    n = points.shape[0]
+    feats = points if feats is None else feats
+    if not isinstance(feats, Tensor) or feats.dim() != 2 or feats.shape[0] != n:
+        raise ValueError(f"feats must have shape [{n}, C] (one row per point), got {_what(feats)}")
+    if feats.device != points.device:
+        raise ValueError(f"feats is on {feats.device} but points is on {points.device}")
+    if batch is None:
+        batch = torch.zeros(n, dtype=torch.int64, device=points.device)
+    elif not isinstance(batch, Tensor) or batch.shape != (n,) or batch.dtype.is_floating_point:
+        raise ValueError(f"batch must be an integer tensor of shape [{n}], got {_what(batch)}")
+    elif batch.device != points.device:
+        raise ValueError(f"batch is on {batch.device} but points is on {points.device}")
+    grid = torch.floor(points.to(torch.float64) / size)
+    if n and not bool(torch.isfinite(grid).all()):
+        raise ValueError("points contain NaN or infinite values")
+    if n and float(grid.abs().max()) >= 2**31:
+        raise ValueError("points / voxel_size leaves the int32 coordinate range; use a larger voxel_size")
+    coords = torch.cat([batch.long().unsqueeze(1), grid.long()], 1)
+    lo, hi = bounds(coords)
+    packing = make_packing(lo, hi, (0, 0, 0))
+    keys, inverse = torch.unique(packing.pack(coords), sorted=True, return_inverse=True)
+    index = inverse.unsqueeze(1).expand(n, feats.shape[1])
+    out = feats.new_zeros(keys.numel(), feats.shape[1])
+    out = out.scatter_reduce(0, index, feats, reducer, include_self=False)
+    return Voxelized(VoxelTensor(out, packing.unpack(keys)), inverse)
+
+
+def devoxelize(voxels: VoxelTensor | Tensor, point_to_voxel: Tensor) -> Tensor:
+    """Per-point rows `[N, C]` of voxel features `[M, C]` (e.g. segmentation logits back to points)."""
+    feats = voxels.feats if isinstance(voxels, VoxelTensor) else voxels
+    if not isinstance(point_to_voxel, Tensor) or point_to_voxel.dim() != 1:
+        raise ValueError(f"point_to_voxel must be a 1-D index tensor, got {_what(point_to_voxel)}")
+    if point_to_voxel.device != feats.device:
+        raise ValueError(f"point_to_voxel is on {point_to_voxel.device} but the voxels are on {feats.device}")
+    return feats.index_select(0, point_to_voxel)
+
+
+def collate(samples: Sequence[VoxelTensor]) -> VoxelTensor:
+    """Stacks single-sample tensors into one batch; sample i gets batch index i (rows keep order)."""
+    if not samples:
+        raise ValueError("samples must be a non-empty sequence of VoxelTensor")
+    for i, s in enumerate(samples):
+        if not isinstance(s, VoxelTensor):
+            raise TypeError(f"samples[{i}] must be a VoxelTensor, got {type(s).__name__}")
+        if s.stride != samples[0].stride or s.device != samples[0].device:
+            raise ValueError(f"samples[{i}] differs from samples[0] in stride or device")
+    coords = torch.cat([s.coords for s in samples])
+    sizes = torch.tensor([len(s) for s in samples], device=coords.device)
+    coords[:, 0] = torch.repeat_interleave(torch.arange(len(samples), device=coords.device), sizes).int()
+    return VoxelTensor(torch.cat([s.feats for s in samples]), coords, samples[0].stride)
+
+
+def _what(t: object) -> str:
+    return f"shape {tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__

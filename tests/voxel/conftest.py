@@ -1,0 +1,6 @@
+"""Shared fixtures and markers for the voxel tests."""
+
+import pytest
+import torch
+
+requires_cuda = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
