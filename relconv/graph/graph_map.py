@@ -1,0 +1,256 @@
+"""RGCNMap: a typed graph turned into a RelationalMap once, then reused by every R-GCN layer.
+
+Building sorts the edges by (relation, target), computes the per-(target, relation) degree for mean
+aggregation and, for max aggregation, the (target, relation) slots. It synchronises with the device
+(range checks, slot count); a forward pass over a built map never does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.typing import SparseTensor
+
+from relconv.core.relational_map import RelationalMap, index_dtype_for
+
+# PyG's aggregation names -> the three the layer computes ("add" is PyG's alias of "sum").
+AGGRS = {"mean": "mean", "add": "sum", "sum": "sum", "max": "max"}
+
+
+class RGCNMap:
+    """An R-GCN graph in relconv's layout: edge `e` becomes the pair (src, dst, edge_type[e]).
+
+    Attributes:
+        rmap: RelationalMap over the edges (in = source node, out = target node), `scale` =
+            1 / deg_r(target) for mean aggregation and None for sum and max.
+        aggr: "mean", "sum" or "max".
+        edge_perm: [E] int64, pair `p` of `rmap` is edge `edge_perm[p]` of the caller's edge order
+            (reorders a per-edge `edge_weight`).
+        slot_index: [E] int64 (max only), the (target, relation) slot of each pair.
+        slot_map: RelationalMap (max only) with one pair per non-empty slot: in = slot id,
+            out = target node, relation = the slot's relation.
+    """
+
+    __slots__ = ("rmap", "aggr", "edge_perm", "slot_index", "slot_map")
+
+    def __init__(
+        self,
+        rmap: RelationalMap,
+        aggr: str,
+        edge_perm: Tensor,
+        slot_index: Tensor | None = None,
+        slot_map: RelationalMap | None = None,
+    ) -> None:
+        if aggr not in ("mean", "sum", "max"):
+            raise ValueError(f"aggr must be 'mean', 'sum' or 'max', got {aggr!r}")
+        if aggr == "max" and (slot_index is None or slot_map is None):
+            raise ValueError("aggr='max' needs slot_index and slot_map")
+        self.rmap = rmap
+        self.aggr = aggr
+        self.edge_perm = edge_perm
+        self.slot_index = slot_index
+        self.slot_map = slot_map
+
+    @property
+    def num_src(self) -> int:
+        return self.rmap.num_in
+
+    @property
+    def num_dst(self) -> int:
+        return self.rmap.num_out
+
+    @property
+    def num_relations(self) -> int:
+        return self.rmap.num_relations
+
+    @property
+    def num_edges(self) -> int:
+        return self.rmap.num_pairs
+
+    @property
+    def device(self) -> torch.device:
+        return self.rmap.device
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> RGCNMap:
+        """The same map on another device (no rebuild)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        return RGCNMap(
+            self.rmap.to(device, non_blocking),
+            self.aggr,
+            self.edge_perm.to(device, non_blocking=non_blocking),
+            None if self.slot_index is None else self.slot_index.to(device, non_blocking=non_blocking),
+            None if self.slot_map is None else self.slot_map.to(device, non_blocking),
+        )
+
+    def pair_scale(self, edge_weight: Tensor | None) -> Tensor | None:
+        """Per-pair factor: the aggregation's scale (1/deg_r for mean) times `edge_weight` [E]."""
+        if edge_weight is None:
+            return self.rmap.scale
+        _check_edge_weight(edge_weight, self.num_edges, self.device)
+        w = edge_weight.index_select(0, self.edge_perm)
+        return w if self.rmap.scale is None else w * self.rmap.scale.to(w.dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"RGCNMap(num_src={self.num_src}, num_dst={self.num_dst}, num_relations={self.num_relations}, "
+            f"num_edges={self.num_edges}, aggr={self.aggr!r}, device={self.device})"
+        )
+
+
+def edge_arrays(edge_index: object, edge_type: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """(src, dst, edge_type) from a [2, E] tensor / `EdgeIndex` (row 0 = source, row 1 = target)
+    or a torch_sparse `SparseTensor` adjacency `adj_t` (row = target, col = source, value = type)."""
+    if isinstance(edge_index, SparseTensor):
+        row, col, value = edge_index.coo()
+        if value is None:
+            raise ValueError("edge_index is a SparseTensor without values; its values must hold edge_type")
+        if value.dim() != 1:
+            raise ValueError(f"edge_index's SparseTensor values must be 1-D edge types, got {value.dim()}-D")
+        return col, row, value
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(
+            "edge_index must be a [2, E] tensor, an EdgeIndex, a torch_sparse SparseTensor or an "
+            f"RGCNMap, got {type(edge_index).__name__}"
+        )
+    if isinstance(edge_index, EdgeIndex):
+        edge_index = edge_index.as_tensor()
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
+    if edge_index.dtype.is_floating_point or edge_index.dtype.is_complex or edge_index.dtype == torch.bool:
+        raise ValueError(f"edge_index must be an integer tensor, got {edge_index.dtype}")
+    if edge_type is None:
+        raise ValueError("edge_type is required unless edge_index is a SparseTensor holding the types")
+    if not isinstance(edge_type, Tensor) or edge_type.dim() != 1:
+        raise ValueError(f"edge_type must be a 1-D tensor, got {_describe(edge_type)}")
+    if edge_type.dtype.is_floating_point or edge_type.dtype.is_complex or edge_type.dtype == torch.bool:
+        raise ValueError(f"edge_type must be an integer tensor, got {edge_type.dtype}")
+    if edge_type.numel() != edge_index.size(1):
+        raise ValueError(
+            f"edge_type has {edge_type.numel()} entries but edge_index has {edge_index.size(1)} edges"
+        )
+    if edge_type.device != edge_index.device:
+        raise ValueError(f"edge_type is on {edge_type.device} but edge_index is on {edge_index.device}")
+    return edge_index[0], edge_index[1], edge_type
+
+
+def build_rgcn_map(
+    edge_index: Tensor | SparseTensor,
+    edge_type: Tensor | None = None,
+    num_nodes: int | tuple[int, int] | None = None,
+    num_relations: int | None = None,
+    aggr: str = "mean",
+) -> RGCNMap:
+    """Builds the map that `relconv.graph.RGCNConv` consumes; pass it as `conv(x, rgcn_map)`.
+
+    Args:
+        edge_index: [2, E] (source, target) tensor or `EdgeIndex`, or a SparseTensor `adj_t` whose
+            values are the edge types.
+        edge_type: [E] integer relation of each edge, in [0, num_relations); may be None when
+            num_relations == 1 (or a SparseTensor holds the types).
+        num_nodes: number of nodes, or (num_source_nodes, num_target_nodes) for bipartite graphs;
+            default: the sparse size of an EdgeIndex/SparseTensor, else max index + 1.
+        num_relations: default max(edge_type) + 1.
+        aggr: "mean" (per relation and target node), "add"/"sum" or "max".
+
+    Synchronises with the device (range checks); build once per graph and reuse across layers/epochs.
+    """
+    if aggr not in AGGRS:
+        raise ValueError(f"aggr must be one of {sorted(AGGRS)}, got {aggr!r}")
+    aggr = AGGRS[aggr]
+    if edge_type is None and num_relations == 1 and isinstance(edge_index, Tensor):
+        # One relation needs no types: lets the layer serve per-edge-type convs (`to_hetero`).
+        edge_type = torch.zeros(edge_index.size(-1), dtype=torch.long, device=edge_index.device)
+    src, dst, rel = edge_arrays(edge_index, edge_type)
+    num_src, num_dst = _node_counts(edge_index, src, dst, num_nodes)
+    rel = rel.long()
+    if num_relations is None:
+        num_relations = int(rel.max().item()) + 1 if rel.numel() else 1
+    if num_relations < 1:
+        raise ValueError(f"num_relations must be positive, got {num_relations}")
+    _check_range("edge_type", rel, num_relations)
+    _check_range("edge_index[0] (source nodes)", src, num_src)
+    _check_range("edge_index[1] (target nodes)", dst, num_dst)
+
+    # Sorting by the (relation, target) key groups pairs by relation for the kernels and makes each
+    # (target, relation) slot contiguous, so its degree and slot id come from one run-length pass.
+    key = rel * max(num_dst, 1) + dst.long()
+    key, perm = torch.sort(key, stable=True)
+    slot_key, slot_index, slot_size = torch.unique_consecutive(key, return_inverse=True, return_counts=True)
+    rel_ptr = torch.zeros(num_relations + 1, dtype=torch.int64, device=rel.device)
+    torch.cumsum(torch.bincount(rel, minlength=num_relations), 0, out=rel_ptr[1:])
+    idt = index_dtype_for(num_src, num_dst, rel.numel())
+    out_index = dst.index_select(0, perm).to(idt)
+    scale = (1.0 / slot_size.float()).index_select(0, slot_index) if aggr == "mean" else None
+    rmap = RelationalMap(
+        src.index_select(0, perm).to(idt), out_index, rel_ptr, num_src, num_dst, scale=scale, validate=False
+    )
+    if aggr != "max":
+        return RGCNMap(rmap, aggr, perm)
+    # Max aggregates each slot's raw inputs first, then transforms the slot rows through the core:
+    # one pair (slot, target, relation) per non-empty slot.
+    num_slots = slot_key.numel()
+    slot_rel = torch.div(slot_key, max(num_dst, 1), rounding_mode="floor")
+    slot_ptr = torch.zeros(num_relations + 1, dtype=torch.int64, device=rel.device)
+    torch.cumsum(torch.bincount(slot_rel, minlength=num_relations), 0, out=slot_ptr[1:])
+    slot_map = RelationalMap(
+        torch.arange(num_slots, dtype=idt, device=rel.device),
+        (slot_key - slot_rel * max(num_dst, 1)).to(idt),
+        slot_ptr,
+        num_slots,
+        num_dst,
+        validate=False,
+    )
+    return RGCNMap(rmap, aggr, perm, slot_index, slot_map)
+
+
+def _node_counts(
+    edge_index: object, src: Tensor, dst: Tensor, num_nodes: int | tuple[int, int] | None
+) -> tuple[int, int]:
+    if num_nodes is None:
+        if isinstance(edge_index, SparseTensor):
+            n_dst, n_src = edge_index.sparse_sizes()
+            return int(n_src), int(n_dst)
+        if isinstance(edge_index, EdgeIndex) and None not in edge_index.sparse_size():
+            n_src, n_dst = edge_index.sparse_size()
+            return int(n_src), int(n_dst)
+        n = max(
+            int(src.max().item()) + 1 if src.numel() else 0, int(dst.max().item()) + 1 if dst.numel() else 0
+        )
+        return n, n
+    if isinstance(num_nodes, int):
+        num_nodes = (num_nodes, num_nodes)
+    if len(num_nodes) != 2 or any(not isinstance(n, int) or n < 0 for n in num_nodes):
+        raise ValueError(f"num_nodes must be a non-negative int or a pair of them, got {num_nodes!r}")
+    return num_nodes[0], num_nodes[1]
+
+
+def _check_range(name: str, index: Tensor, size: int) -> None:
+    if index.numel() == 0:
+        return
+    lo, hi = torch.aminmax(index)
+    lo, hi = int(lo.item()), int(hi.item())
+    if lo < 0 or hi >= size:
+        raise ValueError(f"{name} values must lie in [0, {size}), got values in [{lo}, {hi}]")
+
+
+def _check_edge_weight(edge_weight: Tensor, num_edges: int, device: torch.device) -> None:
+    if not isinstance(edge_weight, Tensor) or not edge_weight.dtype.is_floating_point:
+        raise ValueError(f"edge_weight must be a floating-point tensor, got {_describe(edge_weight)}")
+    if edge_weight.shape != (num_edges,):
+        raise ValueError(
+            f"edge_weight must have shape [{num_edges}] (one per edge), got {tuple(edge_weight.shape)}"
+        )
+    if edge_weight.device != device:
+        raise ValueError(f"edge_weight is on {edge_weight.device} but the graph is on {device}")
+    if edge_weight.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "edge_weight requires grad, but relconv treats per-edge weights as constants; "
+            "pass edge_weight.detach() (or use PyG's layer if the weights must be learned)"
+        )
+
+
+def _describe(t: object) -> str:
+    return f"{t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
