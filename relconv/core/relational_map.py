@@ -30,8 +30,15 @@ class RelationalMap:
     """
 
     __slots__ = (
-        "in_index", "out_index", "rel_ptr", "scale", "num_in", "num_out", "num_relations",
-        "unique_slots", "_cache",
+        "in_index",
+        "out_index",
+        "rel_ptr",
+        "scale",
+        "num_in",
+        "num_out",
+        "num_relations",
+        "unique_slots",
+        "_cache",
     )
 
     def __init__(
@@ -152,8 +159,14 @@ class RelationalMap:
         t = self._cache.get("transpose")
         if t is None:
             t = RelationalMap(
-                self.out_index, self.in_index, self.rel_ptr, self.num_out, self.num_in,
-                scale=self.scale, unique_slots=False, validate=False,
+                self.out_index,
+                self.in_index,
+                self.rel_ptr,
+                self.num_out,
+                self.num_in,
+                scale=self.scale,
+                unique_slots=False,
+                validate=False,
             )
             t._cache["transpose"] = self
             self._cache["transpose"] = t
@@ -179,8 +192,14 @@ class RelationalMap:
         if scale is not None:
             scale = _check_scale(scale, self.num_pairs, self.device)
         m = RelationalMap(
-            self.in_index, self.out_index, self.rel_ptr, self.num_in, self.num_out,
-            scale=scale, unique_slots=self.unique_slots, validate=False,
+            self.in_index,
+            self.out_index,
+            self.rel_ptr,
+            self.num_in,
+            self.num_out,
+            scale=scale,
+            unique_slots=self.unique_slots,
+            validate=False,
         )
         return m
 

@@ -35,8 +35,17 @@ def fetch_archive(package: str, version: str, sdist: bool) -> Path:
     found = glob.glob(str(dest / pattern)) + glob.glob(str(dest / pattern.replace("_", "-")))
     if found:
         return Path(found[0])
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dest),
-           f"{package}=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        "-d",
+        str(dest),
+        f"{package}=={version}",
+    ]
     cmd += ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
     try:
         subprocess.run(cmd, check=True, capture_output=True, timeout=300)

@@ -69,9 +69,7 @@ def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int 
             f"weight has {w.shape[0]} relations but the map has num_relations={rmap.num_relations}"
         )
     if x.shape[1] != w.shape[1] * w.shape[2]:
-        raise ValueError(
-            f"x has {x.shape[1]} channels but weight expects C_in = {w.shape[1] * w.shape[2]}"
-        )
+        raise ValueError(f"x has {x.shape[1]} channels but weight expects C_in = {w.shape[1] * w.shape[2]}")
     if x.device != rmap.device:
         raise ValueError(f"x is on {x.device} but the map is on {rmap.device}")
     return _conv(x, w, rmap.in_index, rmap.out_index, rmap.rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out)
