@@ -101,6 +101,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 2)
 }
 
 // SIMT variant (float / double), same dataflow; thread (tm, tn) owns an interleaved TM x TN sub-tile.
+// The min-blocks hint of 2 (a 128-register budget) matters: without it ptxas settles near 80 registers
+// and spills in the float instantiations (same for the narrow bfloat16 WMMA variant above).
 template <typename T, typename Idx, int BM, int BN, int BK, int TM, int TN>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN), 2)
     conv_weight_grad_simt(const WeightGradArgs<T, Idx> a) {
