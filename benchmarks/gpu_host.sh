@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One call on the GPU host: build the extension once, then run the named steps, logging under $OUT.
+#   bash benchmarks/gpu_host.sh build test bench-ops ...
+# Steps: build | test (all tests marked cuda) | test-all | any other name = a command in STEPS below.
+set -uo pipefail
+OUT=${OUT:-/tmp/relconv-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+declare -A STEPS=(
+  [test]="python -m pytest -q -m cuda tests -p no:cacheprovider"
+  [test-all]="python -m pytest -q tests -p no:cacheprovider"
+  [bench-ops]="python benchmarks/ops/bench_relational_conv.py --device cuda --out $OUT/ops"
+)
+status=0
+for step in "$@"; do
+  start=$(date +%s)
+  if [ "$step" = build ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+    pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  else
+    cmd=${STEPS[$step]:-$step}
+    eval "$cmd" >"$OUT/$step.log" 2>&1 || status=1
+    tail -4 "$OUT/$step.log"
+  fi
+  echo "== $step done in $(( $(date +%s) - start )) s"
+done
+exit $status
