@@ -1,0 +1,131 @@
+"""One case across implementations: agree with the reference first, then time.
+
+A suite describes each implementation of a case as a `Prepared`: the function timed per run, the
+rotated inputs it is fed, and a way to get a comparable output. The first implementation that
+prepares successfully (relconv, when it can) is the reference; every other one is timed only after
+its output agrees with the reference's, else its row says "mismatch". An implementation named
+"ref-..." (e.g. a dense conv3d on a tiny grid) is only a reference: checked against, never timed.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from benchmarks.harness.floor import Ceilings
+from benchmarks.harness.timing import TimingConfig, measure
+
+# Relative tolerance (max |a - b| / max |ref|) for agreement, by compute dtype.
+TOLERANCE = {"fp64": 1e-9, "fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 4e-2}
+
+
+class Unsupported(Exception):
+    """The implementation does not offer this case (reported as its status, not as an error)."""
+
+
+@dataclass
+class Prepared:
+    """An implementation ready to time.
+
+    fn: one run of the case, taking one of `inputs`.
+    inputs: rotated through so caches don't hold the previous run's data.
+    output: returns `(key, values)`: `values` [M, C] rows of the case's result and `key` [M, k]
+        integer row identities (coordinates) to align rows between implementations, or None when
+        rows are already in the same order.
+    """
+
+    fn: Callable[[object], object]
+    inputs: list
+    output: Callable[[], tuple[torch.Tensor | None, torch.Tensor]]
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _align(key: torch.Tensor | None, values: torch.Tensor, ref_key: torch.Tensor | None):
+    """Rows of `values` in the order of `ref_key`; None when some reference row is missing."""
+    if ref_key is None or key is None:
+        return values
+    k = key.long().cpu()
+    rk = ref_key.long().cpu()
+    lo = torch.minimum(k.min(0).values, rk.min(0).values)
+    span = torch.maximum(k.max(0).values, rk.max(0).values) - lo + 1
+    mult = torch.ones_like(span)
+    for d in range(span.numel() - 2, -1, -1):
+        mult[d] = mult[d + 1] * span[d + 1]
+    flat, rflat = ((k - lo) * mult).sum(1), ((rk - lo) * mult).sum(1)
+    order = torch.argsort(flat)
+    pos = torch.searchsorted(flat[order], rflat).clamp(max=flat.numel() - 1)
+    found = flat[order][pos] == rflat
+    if not bool(found.all()):
+        return None
+    return values.cpu()[order[pos]]
+
+
+def relative_error(values, ref_values) -> float:
+    a = values.detach().double().cpu()
+    b = ref_values.detach().double().cpu()
+    if a.shape != b.shape:
+        return float("inf")
+    if b.numel() == 0:
+        return 0.0
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def run_case(
+    meta: dict,
+    impls: list[tuple[str, Callable[[], Prepared]]],
+    device: torch.device,
+    timing: TimingConfig,
+    ceilings: Ceilings,
+    work: tuple[float, float] | None,
+    check: bool = True,
+) -> list[dict]:
+    """Rows (one per implementation) for one case described by `meta` (must hold case and dtype)."""
+    rows = []
+    ref = None
+    ref_name = None
+    floor_ms = ceilings.floor_ms(work[0], work[1], meta["dtype"]) if work else None
+    for name, build in impls:
+        row = dict(meta, impl=name, status="ok", median_ms=None, p20_ms=None, p80_ms=None, runs=0,
+                   peak_mem_mib=None, floor_ms=floor_ms, x_floor=None, bytes=work[0] if work else None,
+                   flops=work[1] if work else None, max_rel_err=None, agrees_with=None, note="")
+        try:
+            prepared = build()
+            row["note"] = prepared.note
+            row.update(prepared.extra)
+            if check:
+                key, values = prepared.output()
+                if ref is None:
+                    ref, ref_name = (key, values), name
+                else:
+                    aligned = _align(key, values, ref[0])
+                    err = float("inf") if aligned is None else relative_error(aligned, ref[1])
+                    row["max_rel_err"], row["agrees_with"] = err, ref_name
+                    if not err <= TOLERANCE[meta["dtype"]]:
+                        row["status"] = "mismatch"
+                        rows.append(row)
+                        continue
+            if name.startswith("ref-"):
+                row["status"] = "reference"
+                rows.append(row)
+                continue
+            t = measure(prepared.fn, prepared.inputs, device, timing)
+            row.update(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, runs=t.runs,
+                       peak_mem_mib=t.peak_mem_mib)
+            if floor_ms:
+                row["x_floor"] = t.median_ms / floor_ms
+            del prepared
+        except Unsupported as err:
+            row["status"] = f"unsupported: {err}"
+        except torch.cuda.OutOfMemoryError:
+            row["status"] = "oom"
+        except Exception as err:  # a peer's crash must not end the suite; the row carries it
+            row["status"] = f"error: {type(err).__name__}: {err}"[:300]
+            row["traceback"] = traceback.format_exc(limit=6)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(row)
+    return rows

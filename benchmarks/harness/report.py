@@ -1,0 +1,182 @@
+"""Results: environment metadata, JSON, PNG plots, the compact table and the progress bar."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def environment(device: torch.device, peers: dict[str, tuple[bool, str]], ceilings: dict) -> dict:
+    """Everything needed to tell two result files apart."""
+    env = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        or platform.machine(),
+        "device_type": device.type,
+        "cpu_threads": torch.get_num_threads(),
+        "driver": _driver() if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "relconv_commit": _git_commit(),
+        "peers": {name: {"available": ok, "version_or_reason": info} for name, (ok, info) in peers.items()},
+        "ceilings": {
+            dev: {"copy_GBps": c.copy_bytes_per_s / 1e9,
+                  "gemm_TFLOPs": {k: v / 1e12 for k, v in c.gemm_flops_per_s.items()}}
+            for dev, c in ceilings.items()
+        },
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env["sm_count"] = props.multi_processor_count
+        env["memory_GiB"] = props.total_memory / 2**30
+    return env
+
+
+def write_json(path: Path, env: dict, rows: list[dict], args: dict) -> None:
+    """Rewritten after every case, so a run killed by a time limit still leaves its rows."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"environment": env, "args": args, "rows": rows}, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def speedups(rows: list[dict]) -> list[tuple[str, str, float]]:
+    """(case, peer, peer_time / relconv_time) for every case both timed."""
+    by_case: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        if r["status"] == "ok":
+            by_case[r["case"]][r["impl"]] = r["median_ms"]
+    out = []
+    for case, impls in by_case.items():
+        if "relconv" not in impls:
+            continue
+        for impl, ms in impls.items():
+            if impl != "relconv":
+                out.append((case, impl, ms / impls["relconv"]))
+    return out
+
+
+def plot(rows: list[dict], out_dir: Path) -> list[Path]:
+    """speedup_<suite>.png (relconv over each peer) and floor_<suite>.png (relconv time / floor)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    suites = sorted({r["suite"] for r in rows})
+    for suite in suites:
+        srows = [r for r in rows if r["suite"] == suite]
+        sp = speedups(srows)
+        if sp:
+            peers = sorted({p for _, p, _ in sp})
+            cases = sorted({c for c, _, _ in sp})
+            fig, ax = plt.subplots(figsize=(10, max(3, 0.22 * len(cases) + 1)))
+            height = 0.8 / len(peers)
+            index = {c: i for i, c in enumerate(cases)}
+            for j, peer in enumerate(peers):
+                pts = [(index[c], s) for c, p, s in sp if p == peer]
+                ax.barh([i + j * height for i, _ in pts], [s for _, s in pts], height=height, label=peer)
+            ax.axvline(1.0, color="k", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_yticks([i + 0.4 - height / 2 for i in range(len(cases))], cases, fontsize=6)
+            ax.set_xlabel("speedup of relconv (peer time / relconv time; > 1 means relconv is faster)")
+            ax.set_title(f"{suite}: relconv speedup over each peer")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            path = out_dir / f"speedup_{suite}.png"
+            fig.savefig(path, dpi=120)
+            plt.close(fig)
+            written.append(path)
+        fl = [r for r in srows if r["impl"] == "relconv" and r["status"] == "ok" and r.get("x_floor")]
+        if fl:
+            fig, ax = plt.subplots(figsize=(10, max(3, 0.18 * len(fl) + 1)))
+            ax.barh(range(len(fl)), [r["x_floor"] for r in fl])
+            ax.set_yticks(range(len(fl)), [r["case"] for r in fl], fontsize=6)
+            ax.set_xscale("log")
+            ax.axvline(1.0, color="k", lw=0.8)
+            ax.set_xlabel("relconv time / floor (1 = at the physical limit)")
+            ax.set_title(f"{suite}: relconv time as a multiple of the floor")
+            fig.tight_layout()
+            path = out_dir / f"floor_{suite}.png"
+            fig.savefig(path, dpi=120)
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+def _fmt(v, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def table(rows: list[dict]) -> str:
+    """One line per case: relconv's time, its multiple of the floor, and each peer's time or status."""
+    peers = sorted({r["impl"] for r in rows if r["impl"] != "relconv"})
+    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        by_case[r["case"]][r["impl"]] = r
+    width = max([len(c) for c in by_case] + [4])
+    head = f"{'case':<{width}}  {'relconv ms':>10} {'xfloor':>7} {'peak MiB':>8}" + "".join(
+        f" {p[:14]:>14}" for p in peers)
+    lines = [head, "-" * len(head)]
+    for case, impls in by_case.items():
+        rc = impls.get("relconv", {})
+        cell = (_fmt(rc.get("median_ms"), ".3f") if rc.get("status") == "ok" else rc.get("status", "-")[:10])
+        line = f"{case:<{width}}  {cell:>10} {_fmt(rc.get('x_floor'), '.1f'):>7} " \
+               f"{_fmt(rc.get('peak_mem_mib'), '.0f'):>8}"
+        for p in peers:
+            r = impls.get(p)
+            if r is None:
+                s = ""
+            elif r["status"] == "ok":
+                s = _fmt(r["median_ms"], ".3f")
+                if rc.get("status") == "ok":
+                    s += f" ({r['median_ms'] / rc['median_ms']:.2f}x)"
+            else:
+                s = r["status"][:14]
+            line += f" {s:>14}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def progress(items: Iterable, total: int, desc: str) -> Iterator:
+    """tqdm when installed, else a counter on stderr."""
+    try:
+        from tqdm import tqdm
+
+        yield from tqdm(items, total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
+        return
+    except ImportError:
+        pass
+    for i, item in enumerate(items, 1):
+        print(f"\r{desc}: {i}/{total}", end="", file=sys.stderr, flush=True)
+        yield item
+    print(file=sys.stderr)

@@ -1,0 +1,103 @@
+"""The benchmark runner: `python -m benchmarks.run --suite voxel|graph|all --out DIR`.
+
+Measures the copy-bandwidth and GEMM ceilings, runs every selected case for relconv and each
+available peer (agreement check first, then timing), rewrites DIR/results.json after every case,
+draws DIR/*.png and prints a compact table last. See benchmarks/README.md for the columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks import graph_suite, voxel_suite
+from benchmarks.harness import report
+from benchmarks.harness.floor import measure_ceilings
+from benchmarks.harness.timing import TimingConfig
+
+SUITES = {"voxel": voxel_suite, "graph": graph_suite}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    p.add_argument("--suite", choices=["voxel", "graph", "all"], default="all")
+    p.add_argument("--out", required=True, type=Path, help="directory for results.json and the plots")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda also runs the graph suite's CPU cases (relconv vs PyG vs DGL on CPU)")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes and few runs (CI smoke test)")
+    p.add_argument("--cases", default="*", help="fnmatch pattern(s) over case names, comma-separated")
+    p.add_argument("--peers", default="all",
+                   help="comma-separated subset of: " + ",".join(sorted({*voxel_suite.PEERS, *graph_suite.PEERS})))
+    p.add_argument("--runs", type=int, default=None, help="timed runs per case (default 20; tiny 3)")
+    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up per case (default 0.5 s)")
+    p.add_argument("--list", action="store_true", help="print the selected case names and exit")
+    return p.parse_args(argv)
+
+
+def _peers(suite, wanted: str) -> dict[str, tuple[bool, str]]:
+    names = suite.PEERS if wanted == "all" else [n for n in wanted.split(",") if n in suite.PEERS]
+    return {n: suite.PEERS[n]() for n in names}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda requested but torch sees no GPU", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    patterns = [p.strip() for p in args.cases.split(",") if p.strip()]
+
+    plan = []
+    for name in suites:
+        suite = SUITES[name]
+        for spec in suite.case_specs(_devices(name, device), args.tiny):
+            if any(fnmatch.fnmatchcase(spec["case"], pat) for pat in patterns):
+                plan.append((suite, spec))
+    if args.list:
+        print("\n".join(spec["case"] for _, spec in plan))
+        return 0
+
+    timing = TimingConfig(
+        warmup_runs=1 if args.tiny else 5,
+        warmup_seconds=args.warmup_seconds if args.warmup_seconds is not None else (0.0 if args.tiny else 0.5),
+        runs=args.runs or (3 if args.tiny else 20),
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    ceilings = {dev: measure_ceilings(torch.device(dev), args.tiny) for dev in _all_devices(plan)}
+    peers = {}
+    for name in suites:
+        peers.update(_peers(SUITES[name], args.peers))
+    env = report.environment(device, peers, ceilings)
+    json_path = args.out / "results.json"
+    rows: list[dict] = []
+    ctx: dict = {}
+    for suite, spec in report.progress(plan, len(plan), "cases"):
+        suite_peers = {n: peers[n] for n in suite.PEERS if n in peers}
+        rows.extend(suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]]))
+        report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
+    ctx.clear()
+    report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
+    plots = report.plot(rows, args.out)
+    print(f"\nwrote {json_path} and {', '.join(p.name for p in plots) or 'no plots'}")
+    print(report.table(rows))
+    return 0
+
+
+def _devices(suite_name: str, device: torch.device) -> list[str]:
+    """The graph suite also runs its CPU cases on a GPU machine; the voxel suite stays on `device`."""
+    if suite_name == "graph" and device.type == "cuda":
+        return ["cuda", "cpu"]
+    return [device.type]
+
+
+def _all_devices(plan) -> list[str]:
+    return sorted({spec["device"] for _, spec in plan})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,4 @@
+"""placeholder"""
+PEERS = {}
+def case_specs(devices, tiny): return []
+def run(*a): return []
