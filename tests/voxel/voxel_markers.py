@@ -1,4 +1,4 @@
-"""Shared fixtures and markers for the voxel tests."""
+"""Markers shared by the voxel tests."""
 
 import pytest
 import torch

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from voxel_dense_ref import dense_conv, dense_conv_transpose, random_voxels
+from voxel_refs import dense_conv, dense_conv_transpose, random_voxels
 
 from relconv.voxel import VoxelTensor, conv3d
 from relconv.voxel.utils import triple

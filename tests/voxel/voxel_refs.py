@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relconv.voxel import VoxelTensor
+from relconv.voxel import VoxelTensor, kernel_offsets
 
 
 def random_voxels(
@@ -88,3 +88,22 @@ def dense_conv_transpose(
         dense, dense_weight(weight, kernel, groups, True), stride=stride, dilation=dilation, groups=groups
     )
     return gather(out, out_coords, low_pad(kernel, dilation), (1, 1, 1))
+
+
+def brute_force(in_coords, out_coords, kernel, step):
+    """Set of (in, out, k) with in_coords[in] == out_coords[out] + offset_k * step, by full search."""
+    offs = kernel_offsets(kernel) * torch.tensor(step)
+    ic, oc = in_coords.long(), out_coords.long()
+    triples = set()
+    for k, off in enumerate(offs):
+        target = oc.clone()
+        target[:, 1:] += off
+        eq = (ic[:, None, :] == target[None, :, :]).all(-1)
+        for i, o in eq.nonzero().tolist():
+            triples.add((i, o, k))
+    return triples
+
+
+def as_triples(rmap):
+    rel = rmap.relation_of_pairs().tolist()
+    return set(zip(rmap.in_index.tolist(), rmap.out_index.tolist(), rel, strict=True))

@@ -1,0 +1,51 @@
+"""Sparse pooling against dense pooling, and global pooling."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from voxel_refs import gather, random_voxels
+
+from relconv.voxel import AvgPool3d, MaxPool3d, global_pool, pool3d
+
+
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2), (3, 1)])
+def test_max_pool_matches_dense(kernel, stride):
+    x = random_voxels(120, 6, 3, batch=2)
+    # Positive features: the dense zeros of empty voxels never win the max.
+    x = x.replace_feature(x.feats.abs() + 0.1)
+    y = pool3d(x, kernel, stride, reduce="amax")
+    pad = kernel // 2 if kernel % 2 else 0
+    dense = F.pad(x.dense(spatial_shape=(6, 6, 6), batch_size=2), [pad, kernel] * 3)
+    ref = gather(F.max_pool3d(dense, kernel, stride), y.coords, [0, 0, 0], (stride,) * 3)
+    torch.testing.assert_close(y.feats, ref)
+
+
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 1)])
+def test_avg_pool_is_mean_over_occupied(kernel, stride):
+    x = random_voxels(120, 6, 3, batch=2)
+    y = AvgPool3d(kernel, stride)(x)
+    pad = kernel // 2 if kernel % 2 else 0
+    dense = F.pad(x.dense(spatial_shape=(6, 6, 6), batch_size=2), [pad, kernel] * 3)
+    occ = (dense != 0).any(1, keepdim=True).to(dense.dtype)
+    total = F.avg_pool3d(dense, kernel, stride) * kernel**3
+    count = F.avg_pool3d(occ, kernel, stride) * kernel**3
+    ref = gather(total / count.clamp(min=1), y.coords, [0, 0, 0], (stride,) * 3)
+    torch.testing.assert_close(y.feats, ref)
+
+
+def test_max_pool_module_and_gradient():
+    x = random_voxels(60, 5, 2)
+    x.feats.requires_grad_(True)
+    y = MaxPool3d(2)(x)
+    y.feats.sum().backward()
+    assert x.feats.grad.sum().item() == pytest.approx(y.feats.numel())
+    assert y.stride == (2, 2, 2)
+
+
+def test_global_pool():
+    x = random_voxels(50, 4, 3, batch=3)
+    b = x.coords[:, 0].long()
+    for reduce, fn in (("mean", lambda t: t.mean(0)), ("amax", lambda t: t.max(0).values)):
+        got = global_pool(x, reduce)
+        for i in range(3):
+            torch.testing.assert_close(got[i], fn(x.feats[b == i]))
