@@ -100,6 +100,15 @@ class RGCNMap:
         )
 
 
+def check_adjacency_type(edge_index: object) -> None:
+    """Raises TypeError unless `edge_index` is a tensor (incl. EdgeIndex) or a SparseTensor."""
+    if not isinstance(edge_index, (Tensor, SparseTensor)):
+        raise TypeError(
+            "edge_index must be a [2, E] tensor, an EdgeIndex, a torch_sparse SparseTensor or an "
+            f"RGCNMap, got {type(edge_index).__name__}"
+        )
+
+
 def edge_arrays(edge_index: object, edge_type: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """(src, dst, edge_type) from a [2, E] tensor / `EdgeIndex` (row 0 = source, row 1 = target)
     or a torch_sparse `SparseTensor` adjacency `adj_t` (row = target, col = source, value = type)."""
@@ -110,11 +119,7 @@ def edge_arrays(edge_index: object, edge_type: Tensor | None) -> tuple[Tensor, T
         if value.dim() != 1:
             raise ValueError(f"edge_index's SparseTensor values must be 1-D edge types, got {value.dim()}-D")
         return col, row, value
-    if not isinstance(edge_index, Tensor):
-        raise TypeError(
-            "edge_index must be a [2, E] tensor, an EdgeIndex, a torch_sparse SparseTensor or an "
-            f"RGCNMap, got {type(edge_index).__name__}"
-        )
+    check_adjacency_type(edge_index)
     if isinstance(edge_index, EdgeIndex):
         edge_index = edge_index.as_tensor()
     if edge_index.dim() != 2 or edge_index.size(0) != 2:

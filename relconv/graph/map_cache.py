@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from relconv.graph.graph_map import AGGRS, RGCNMap, build_rgcn_map
+from relconv.graph.graph_map import AGGRS, RGCNMap, build_rgcn_map, check_adjacency_type
 
 _ATTR = "_relconv_rgcn_maps"
 
@@ -52,6 +52,7 @@ def cached_rgcn_map(
     Runs eagerly under torch.compile (the lookup is Python bookkeeping); pass a prebuilt map from
     `build_rgcn_map` for a graph without breaks.
     """
+    check_adjacency_type(edge_index)
     slot = getattr(edge_index, _ATTR, None)
     if not isinstance(slot, _Slot):
         slot = _Slot()
