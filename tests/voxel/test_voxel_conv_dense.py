@@ -106,3 +106,16 @@ def test_bias_and_module_forward():
     y = conv(x)
     ref = dense_conv(x, conv.weight, y.coords, SIZE, 1, (3, 3, 3), (1, 1, 1), (1, 1, 1), 1) + conv.bias
     torch.testing.assert_close(y.feats, ref)
+
+
+@pytest.mark.parametrize("kernel,stride", [(3, 1), (2, 2), (3, 2)])
+def test_conv_at_tensor_stride_two_matches_dense_on_coarse_grid(kernel, stride):
+    unit = random_voxels(80, SIZE, 3, batch=2, seed=21)
+    x = VoxelTensor(unit.feats, unit.coords * torch.tensor([1, 2, 2, 2], dtype=torch.int32), 2)
+    w = _weight((kernel,) * 3, 3, 5, 1)
+    y = conv3d(x, w, kernel, stride)
+    assert y.stride == (2 * stride,) * 3
+    unit_out = y.coords // torch.tensor([1, 2, 2, 2], dtype=torch.int32)
+    k3, s3 = (kernel,) * 3, (stride,) * 3
+    ref = dense_conv(unit, w, unit_out, SIZE, 2, k3, s3, (1, 1, 1), 1)
+    torch.testing.assert_close(y.feats, ref)
