@@ -17,7 +17,7 @@ for step in "$@"; do
   if [ "$step" = build ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-    pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    python -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   else
     cmd=${STEPS[$step]:-$step}
     eval "$cmd" >"$OUT/$step.log" 2>&1 || status=1

@@ -1,4 +1,515 @@
-"""placeholder"""
-PEERS = {}
-def case_specs(devices, tiny): return []
-def run(*a): return []
+"""Voxel suite: sparse conv layers, kernel-map construction and MinkUNet, relconv vs spconv / WarpConvNet.
+
+Cases:
+  layer/<workload>/<op>/C<c>/<dtype>/<map>/<pass>   one C -> C conv; op is
+      subm3 (submanifold 3^3), down2 / down3 (stride-2 2^3 / 3^3), up2 (2^3 transposed back onto
+      the fine sites of down2); map "fresh" builds the kernel map inside the timed region, "cached"
+      reuses one built before; pass "fwd" (no_grad) or "fwd+bwd" (backward of a fixed gradient).
+  map/<workload>/<op>                               kernel-map construction alone (relconv only;
+      for the peers, fresh minus cached layer time is the same quantity).
+  e2e/minkunet<w>/<workload>/<infer|train>/<dtype>  MinkUNet width w: inference at batch 1 (no_grad,
+      maps built per call) or a training step (forward, cross-entropy, backward, SGD step) at batch 2;
+      fp16/bf16 are autocast mixed precision, fp32 runs with TF32 off.
+Workloads (all at 0.05 m unless noted): synthetic ray-cast street scans with 32/64/128 beams, a 3-sweep
+aggregate, a batch of two 64-beam scans, an indoor room at 0.02 m, and the real outdoor scan of the
+small-gicp sdist. Coordinates are shifted to be non-negative (by a multiple of 16, so every stride-2
+level floors identically) and given to every implementation in the same row order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.harness.bench import Prepared, Unsupported, run_case
+from benchmarks.harness.floor import DTYPES, conv_layer_work
+from benchmarks.harness.timing import rotation_count
+from benchmarks.peers import spconv_peer, warpconvnet_peer
+from benchmarks.workloads import real
+
+OPS = {"subm3": (3, 1, False), "down2": (2, 2, False), "down3": (3, 2, False), "up2": (2, 2, True)}
+CHANNELS = (16, 32, 64, 128, 256)
+LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+# (map, pass) pairs timed per layer: map building matters for a forward pass, and a training step
+# reuses the maps its forward built.
+MAP_PASSES = (("fresh", "fwd"), ("cached", "fwd"), ("cached", "fwd+bwd"))
+SWEEP_WORKLOAD = "scan64"
+OTHER_WORKLOADS = ("scan32", "scan128", "scan64x3", "scan64b2", "indoor", "kitti-real")
+NUM_CLASSES = 19
+E2E_TOLERANCE = 1e-3  # fp32 agreement of whole networks (tens of layers of accumulation)
+DENSE_LIMIT = 2**24  # dense reference only when grid cells x channels stay below this
+
+
+@dataclass
+class Scene:
+    coords: torch.Tensor  # [N, 4] int32 (b, x, y, z), x, y, z >= 0, sorted by (b, x, y, z)
+    feats: torch.Tensor  # [N, 4] float32 (x, y, z, intensity) per voxel
+    batch_size: int
+
+
+def case_specs(devices: list[str], tiny: bool) -> list[dict]:
+    specs = []
+    for dev in devices:
+        if tiny:
+            sweep, others, channels, dtypes = "tiny", (), (8,), ("fp32",)
+            widths, e2e_dtypes = (0.5,), ("fp32",)
+        elif dev == "cpu":
+            sweep, others, channels, dtypes = "scan32", (), (16, 64), ("fp32",)
+            widths, e2e_dtypes = (0.5,), ("fp32",)
+        else:
+            sweep, others, channels, dtypes = SWEEP_WORKLOAD, OTHER_WORKLOADS, CHANNELS, LAYER_DTYPES
+            widths, e2e_dtypes = (0.5, 1.0), ("fp32", "fp16", "bf16")
+        for op in OPS:
+            for c in channels:
+                for dt in dtypes:
+                    for mp, ps in MAP_PASSES:
+                        specs.append(dict(kind="layer", device=dev, workload=sweep, op=op, C=c, dtype=dt,
+                                          map=mp, pass_=ps))
+        for w in others:
+            for op in OPS:
+                for mp, ps in MAP_PASSES:
+                    specs.append(dict(kind="layer", device=dev, workload=w, op=op, C=64, dtype="fp16",
+                                      map=mp, pass_=ps))
+        for w in (sweep, *others):
+            for op in ("subm3", "down2", "down3"):
+                specs.append(dict(kind="map", device=dev, workload=w, op=op, dtype="fp32"))
+        for width in widths:
+            for dt in e2e_dtypes:
+                specs.append(dict(kind="e2e", device=dev, workload=sweep, width=width, mode="infer", dtype=dt))
+                specs.append(dict(kind="e2e", device=dev, workload="tiny2" if tiny else f"{sweep}b2",
+                                  width=width, mode="train", dtype=dt))
+        if not tiny and dev == "cuda":
+            for w in ("scan32", "scan128", "scan64x3", "indoor", "kitti-real"):
+                specs.append(dict(kind="e2e", device=dev, workload=w, width=1.0, mode="infer", dtype="fp16"))
+    for s in specs:
+        s["suite"] = "voxel"
+        if s["kind"] == "layer":
+            s["case"] = f"layer/{s['workload']}/{s['op']}/C{s['C']}/{s['dtype']}/{s['map']}/{s['pass_']}"
+        elif s["kind"] == "map":
+            s["case"] = f"map/{s['workload']}/{s['op']}"
+        else:
+            s["case"] = f"e2e/minkunet{s['width']}/{s['workload']}/{s['mode']}/{s['dtype']}"
+        s["case"] = f"voxel/{s['device']}/" + s["case"]
+    return specs
+
+
+# ---------------------------------------------------------------------------------------- workloads
+def _scan_points(name: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Point clouds (points [N, 3], intensity [N]) of a workload, one per batch sample."""
+    from relconv.voxel import synthetic
+
+    if name in ("scan32", "scan64", "scan128"):
+        return [synthetic.raycast_scan(beams=int(name[4:]), seed=0)]
+    if name == "scan64b2":
+        return [synthetic.raycast_scan(beams=64, seed=0), synthetic.raycast_scan(beams=64, seed=1)]
+    if name == "scan64x3":
+        # The generator has no sensor pose: three sweeps of a car driving at ~9 m/s (10 Hz) are
+        # approximated by the scan repeated 0.9 m apart along the road, as an aggregate after
+        # ego-motion compensation would look.
+        p, i = synthetic.raycast_scan(beams=64, seed=0)
+        return [(np.concatenate([p + np.array([0.9 * k, 0, 0], np.float32) for k in range(3)]), np.tile(i, 3))]
+    if name == "indoor":
+        p, colour = synthetic.indoor_room(seed=0)
+        return [(p, colour.mean(1))]
+    if name == "kitti-real":
+        p, i = real.small_gicp_scans()["source"]
+        return [(p.numpy(), np.zeros(len(p), np.float32) if i is None else i.numpy() / max(1.0, float(i.max())))]
+    if name in ("tiny", "tiny2"):
+        scans = []
+        for seed in range(1 if name == "tiny" else 2):
+            p, i = synthetic.raycast_scan(beams=8, seed=seed, azimuth_steps=180)
+            keep = (np.abs(p[:, 0]) < 6) & (np.abs(p[:, 1]) < 6)
+            scans.append((p[keep], i[keep]))
+        return scans
+    raise ValueError(f"unknown voxel workload {name!r}")
+
+
+def voxel_size(name: str) -> float:
+    return {"indoor": 0.02, "tiny": 0.25, "tiny2": 0.25}.get(name, 0.05)
+
+
+def load_scene(name: str, device: torch.device) -> Scene:
+    from relconv.voxel import voxelize
+
+    clouds = _scan_points(name)
+    points = torch.cat([torch.from_numpy(np.ascontiguousarray(p)) for p, _ in clouds])
+    inten = torch.cat([torch.from_numpy(np.ascontiguousarray(i)).float() for _, i in clouds])
+    batch = torch.cat([torch.full((len(p),), b, dtype=torch.int64) for b, (p, _) in enumerate(clouds)])
+    feats = torch.cat([points, inten[:, None]], 1)
+    vt = voxelize(points, voxel_size(name), batch=batch, feats=feats).tensor
+    coords = vt.coords.clone()
+    shift = torch.div(coords[:, 1:].min(0).values, 16, rounding_mode="floor") * 16
+    coords[:, 1:] -= shift
+    return Scene(coords.to(device), vt.feats.to(device), len(clouds))
+
+
+# ---------------------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def _precision(dtype_name: str, device: torch.device, autocast: bool = False):
+    """TF32 on only for "tf32"; autocast to fp16/bf16 when asked (end-to-end mixed precision)."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dtype_name == "tf32"
+    try:
+        if autocast and dtype_name in ("fp16", "bf16"):
+            with torch.autocast(device.type, dtype=DTYPES[dtype_name]):
+                yield
+        else:
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _features(n: int, c: int, dtype: torch.dtype, device: torch.device, seed: int, count: int | None = None):
+    gen = torch.Generator().manual_seed(seed)
+    count = count or rotation_count(n * c * dtype.itemsize, device)
+    return [torch.randn(n, c, generator=gen).to(device, dtype) for _ in range(count)]
+
+
+def _reorder(values: torch.Tensor, keys: torch.Tensor, ref_keys: torch.Tensor) -> torch.Tensor:
+    """Rows of `values` (ordered by `keys`) in the order of `ref_keys`."""
+    from benchmarks.harness.bench import _align
+
+    out = _align(keys, values, ref_keys)
+    if out is None:
+        raise RuntimeError("the peer's coarse sites differ from relconv's")
+    return out.to(values.device)
+
+
+def _layer_fn(spec: dict, make_output, params, inputs, upstream, device):
+    """The timed function of a layer case: forward, or forward + backward of `upstream`."""
+    if spec["pass_"] == "fwd":
+        def fn(f):
+            with torch.no_grad(), _precision(spec["dtype"], device):
+                return make_output(f)
+        return fn
+    for f in inputs:
+        f.requires_grad_(True)
+
+    def fn(f):
+        with _precision(spec["dtype"], device):
+            for p in params:
+                p.grad = None
+            f.grad = None
+            make_output(f).backward(upstream)
+    return fn
+
+
+# ---------------------------------------------------------------------------------------- layers
+class LayerSetup:
+    """relconv's side of a layer case, shared with the peers: weight, inputs, coarse sites."""
+
+    def __init__(self, spec: dict, scene: Scene, device: torch.device):
+        from relconv.voxel import Conv3d, VoxelTensor
+
+        self.spec, self.scene, self.device = spec, scene, device
+        k, s, transposed = OPS[spec["op"]]
+        self.kernel_size = (k, k, k)
+        self.dtype = DTYPES[spec["dtype"]]
+        c = spec["C"]
+        torch.manual_seed(0)
+        self.conv = Conv3d(c, c, k, stride=s, transposed=transposed)
+        self.weight = self.conv.weight.detach().clone().to(self.dtype).float()  # what every impl uses
+        self.conv = self.conv.to(device, self.dtype)
+        fine = VoxelTensor(torch.zeros(len(scene.coords), c, device=device, dtype=self.dtype), scene.coords)
+        if transposed:
+            down = Conv3d(c, c, 2, stride=2).to(device, self.dtype)
+            self.coarse = down(fine)
+            self.in_coords = self.coarse.coords
+        else:
+            self.in_coords = scene.coords
+        self.inputs = _features(len(self.in_coords), c, self.dtype, device, seed=1)
+
+    def relconv(self) -> Prepared:
+        from relconv.voxel import MapCache, VoxelTensor
+
+        spec, scene = self.spec, self.scene
+        transposed = OPS[spec["op"]][2]
+        if transposed:
+            fine_coords, coarse = scene.coords, self.coarse
+
+            def make_input(f):
+                if spec["map"] == "cached":
+                    return coarse.replace_feature(f)
+                cache = MapCache()
+                cache.coords[(1, 1, 1)] = fine_coords
+                cache.coords[(2, 2, 2)] = coarse.coords
+                return VoxelTensor(f, coarse.coords, 2, cache=cache)
+        else:
+            base = VoxelTensor(self.inputs[0], scene.coords)
+
+            def make_input(f):
+                return base.replace_feature(f) if spec["map"] == "cached" else VoxelTensor(f, scene.coords)
+
+        conv = self.conv
+        with torch.no_grad():
+            first = conv(make_input(self.inputs[0]))  # builds (and, for "cached", caches) the map
+        self.out_keys = first.coords.long()
+        upstream = _features(len(first.coords), spec["C"], self.dtype, self.device, seed=2, count=1)[0]
+        fn = _layer_fn(spec, lambda f: conv(make_input(f)).feats, [conv.weight], self.inputs, upstream,
+                       self.device)
+
+        def output():
+            with torch.no_grad(), _precision(spec["dtype"], self.device):
+                out = conv(make_input(self.inputs[0]))
+            return out.coords.long(), out.feats.float()
+        return Prepared(fn=fn, inputs=self.inputs, output=output)
+
+    def dense(self) -> Prepared:
+        """Dense conv3d / conv_transpose3d over the bounding grid (tiny scenes only)."""
+        spec = self.spec
+        k, s, transposed = OPS[spec["op"]]
+        fine = self.scene.coords.long()
+        hi = fine[:, 1:].max(0).values + 2
+        if int(hi.prod()) * spec["C"] * self.scene.batch_size > DENSE_LIMIT:
+            raise Unsupported("grid too large for the dense reference")
+        w = self.weight.to(self.device).reshape(k, k, k, spec["C"], spec["C"])
+        in_coords = self.in_coords.long()
+        f0 = self.inputs[0].float()
+
+        def run(_):
+            step = s if transposed else 1
+            grid = torch.zeros(self.scene.batch_size, spec["C"], *(hi // step + 1).tolist(), device=self.device)
+            c = in_coords[:, 1:] // step
+            grid[in_coords[:, 0], :, c[:, 0], c[:, 1], c[:, 2]] = f0
+            if transposed:
+                out = F.conv_transpose3d(grid, w.permute(3, 4, 0, 1, 2), stride=s)
+                q = fine
+            else:
+                pad = (k - 1) // 2 if k % 2 else 0
+                out = F.conv3d(grid, w.permute(4, 3, 0, 1, 2), stride=s, padding=pad)
+                q = self.out_keys
+            oc = q[:, 1:] // (1 if transposed else s)
+            return q, out[q[:, 0], :, oc[:, 0], oc[:, 1], oc[:, 2]]
+
+        return Prepared(fn=run, inputs=[None], output=lambda: run(None))
+
+    def spconv(self) -> Prepared:
+        spec, scene, c = self.spec, self.scene, self.spec["C"]
+        layer = spconv_peer.layer(spec["op"], c, c, key="k").to(self.device, self.dtype)
+        spconv_peer.load_weight(layer, self.weight.to(self.device, self.dtype), self.kernel_size)
+        if OPS[spec["op"]][2]:
+            if spec["map"] == "fresh":
+                raise Unsupported("an inverse conv reuses its strided conv's map (no fresh build)")
+            down = spconv_peer.layer("down2", c, c, key="k").to(self.device, self.dtype)
+            zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
+            coarse = down(spconv_peer.sparse_tensor(zeros, scene.coords, scene.batch_size))
+            inputs = [_reorder(f, self.in_coords.long(), spconv_peer.keys(coarse, 2)) for f in self.inputs]
+
+            def make_input(f):
+                return coarse.replace_feature(f)
+            out_stride = 1
+        else:
+            base = spconv_peer.sparse_tensor(self.inputs[0], scene.coords, scene.batch_size)
+            inputs = self.inputs
+            out_stride = OPS[spec["op"]][1]
+
+            def make_input(f):
+                if spec["map"] == "cached":
+                    return base.replace_feature(f)
+                return spconv_peer.sparse_tensor(f, scene.coords, scene.batch_size)
+        with torch.no_grad():
+            first = layer(make_input(inputs[0]))
+        upstream = _features(first.features.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
+        fn = _layer_fn(spec, lambda f: layer(make_input(f)).features, [layer.weight], inputs, upstream,
+                       self.device)
+
+        def output():
+            with torch.no_grad(), _precision(spec["dtype"], self.device):
+                out = layer(make_input(inputs[0]))
+            return spconv_peer.keys(out, out_stride), out.features.float()
+        note = "padding 1: outputs every coarse site in reach" if spec["op"] == "down3" else ""
+        return Prepared(fn=fn, inputs=inputs, output=output, note=note)
+
+    def warpconvnet(self) -> Prepared:
+        spec, scene, c = self.spec, self.scene, self.spec["C"]
+        wcn = warpconvnet_peer
+        layer = wcn.layer(spec["op"], c, c).to(self.device, self.dtype)
+        wcn.load_weight(layer, self.weight.to(self.device, self.dtype))
+        bs = scene.batch_size
+        if OPS[spec["op"]][2]:
+            down = wcn.layer("down2", c, c).to(self.device, self.dtype)
+            zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
+            fine = wcn.voxels(zeros, scene.coords, bs)
+            coarse = down(fine)
+            coarse_coords = coarse.batch_indexed_coordinates.int()
+            inputs = [_reorder(f, self.in_coords.long(), wcn.keys(coarse, 2)) for f in self.inputs]
+
+            def make_input(f):
+                if spec["map"] == "cached":
+                    return coarse.replace_features(f), fine
+                return wcn.voxels(f, coarse_coords, bs, tensor_stride=2), wcn.voxels(zeros, scene.coords, bs)
+
+            def apply(f):
+                x, target = make_input(f)
+                return layer(x, output_spatially_sparse_tensor=target)
+            out_stride = 1
+        else:
+            base = wcn.voxels(self.inputs[0], scene.coords, bs)
+            inputs = self.inputs
+
+            def apply(f):
+                x = base.replace_features(f) if spec["map"] == "cached" else wcn.voxels(f, scene.coords, bs)
+                return layer(x)
+            out_stride = OPS[spec["op"]][1]
+        with torch.no_grad():
+            first = apply(inputs[0])
+        upstream = _features(first.feature_tensor.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
+        fn = _layer_fn(spec, lambda f: apply(f).feature_tensor, [layer.weight], inputs, upstream, self.device)
+
+        def output():
+            with torch.no_grad(), _precision(spec["dtype"], self.device):
+                out = apply(inputs[0])
+            return wcn.keys(out, out_stride), out.feature_tensor.float()
+        return Prepared(fn=fn, inputs=inputs, output=output)
+
+
+def _layer_work(spec: dict, scene: Scene, device: torch.device, build_map: bool):
+    """Floor model of a layer from relconv's own map (pairs, sites)."""
+    from relconv.voxel import VoxelTensor
+    from relconv.voxel.maps import layer_map
+
+    k, s, transposed = OPS[spec["op"]]
+    x = VoxelTensor(torch.zeros(len(scene.coords), 1, device=device), scene.coords)
+    lm = layer_map(x, (k, k, k), (s, s, s), (1, 1, 1))
+    rmap = lm.rmap.transpose() if transposed else lm.rmap
+    c, elem = spec.get("C", 0), DTYPES[spec["dtype"]].itemsize
+    return conv_layer_work(rmap.num_in, rmap.num_out, rmap.num_pairs, rmap.num_relations, c, c, elem,
+                           spec.get("pass_") == "fwd+bwd", build_map)
+
+
+def _map_case(spec: dict, scene: Scene, device: torch.device) -> Prepared:
+    from relconv.voxel import VoxelTensor
+    from relconv.voxel.maps import layer_map
+
+    k, s, _ = OPS[spec["op"]]
+    zeros = torch.zeros(len(scene.coords), 1, device=device)
+
+    def fn(_):
+        return layer_map(VoxelTensor(zeros, scene.coords), (k, k, k), (s, s, s), (1, 1, 1)).rmap
+
+    def output():
+        rmap = fn(None)
+        return None, torch.tensor([[rmap.num_in, rmap.num_out, rmap.num_pairs]], dtype=torch.float64)
+    return Prepared(fn=fn, inputs=[None], output=output)
+
+
+# ---------------------------------------------------------------------------------------- MinkUNet
+class E2ESetup:
+    def __init__(self, spec: dict, scene: Scene, device: torch.device):
+        from relconv.voxel.models import MinkUNet
+
+        self.spec, self.scene, self.device = spec, scene, device
+        torch.manual_seed(0)
+        self.model = MinkUNet(4, NUM_CLASSES, width=spec["width"]).to(device)
+        gen = torch.Generator().manual_seed(3)
+        n = len(scene.coords)
+        count = rotation_count(n * 4 * 4, device, limit=3)
+        self.inputs = [scene.feats + 0.01 * k * torch.randn(n, 4, generator=gen).to(device) for k in range(count)]
+        self.labels = torch.randint(0, NUM_CLASSES, (n,), generator=gen).to(device)
+
+    def _prepared(self, model: torch.nn.Module, make_input) -> Prepared:
+        spec, device = self.spec, self.device
+        model = model.to(device)
+        if spec["mode"] == "infer":
+            model.eval()
+
+            def fn(f):
+                with torch.no_grad(), _precision(spec["dtype"], device, autocast=True):
+                    return model(make_input(f))
+        else:
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+            def fn(f):
+                opt.zero_grad(set_to_none=True)
+                with _precision(spec["dtype"], device, autocast=True):
+                    logits = model(make_input(f))
+                F.cross_entropy(logits.float(), self.labels).backward()
+                opt.step()
+
+        def output():
+            # Agreement in fp32 eval mode, before any timed step has moved weights or BN statistics.
+            was_training = model.training
+            model.eval()
+            with torch.no_grad(), _precision("fp32", device):
+                out = model(make_input(self.inputs[0])).float()
+            model.train(was_training)
+            return None, out
+        return Prepared(fn=fn, inputs=self.inputs, output=output)
+
+    def relconv(self) -> Prepared:
+        from relconv.voxel import VoxelTensor
+
+        coords = self.scene.coords
+        return self._prepared(self.model, lambda f: VoxelTensor(f, coords))
+
+    def peer(self, backend) -> Prepared:
+        from benchmarks.peers.minkunet import PeerMinkUNet, copy_weights
+
+        peer = PeerMinkUNet(backend, 4, NUM_CLASSES, self.spec["width"]).to(self.device)
+        copy_weights(self.model, peer)
+        coords, bs = self.scene.coords, self.scene.batch_size
+        return self._prepared(peer, lambda f: backend.tensor(f, coords, bs))
+
+
+# ---------------------------------------------------------------------------------------- runner
+def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
+    device = torch.device(spec["device"])
+    meta = {k: v for k, v in spec.items() if k != "pass_"}
+    if "pass_" in spec:
+        meta["pass"] = spec["pass_"]
+    key = (spec["workload"], spec["device"])
+    if ctx.get("scene_key") != key:
+        ctx.pop("scene", None)
+        ctx["scene_key"] = key
+        try:
+            ctx["scene"] = load_scene(spec["workload"], device)
+        except (ImportError, real.DataUnavailable) as err:
+            ctx["scene"] = err
+    scene = ctx["scene"]
+    if isinstance(scene, Exception):
+        return [dict(meta, impl="relconv", status=f"unavailable: {type(scene).__name__}: {scene}"[:300])]
+    meta.update(num_voxels=len(scene.coords), batch_size=scene.batch_size)
+
+    if spec["kind"] == "map":
+        work = _layer_work(dict(spec, C=0), scene, device, build_map=True)
+        work = (work[0], 0.0)
+        return run_case(meta, [("relconv", partial(_map_case, spec, scene, device))], device, timing,
+                        ceilings, work)
+
+    try:
+        setup = (LayerSetup if spec["kind"] == "layer" else E2ESetup)(spec, scene, device)
+    except Exception as err:  # relconv's side could not be set up: nothing to compare the peers with
+        return [dict(meta, impl="relconv", status=f"error: {type(err).__name__}: {err}"[:300])]
+    if spec["kind"] == "layer":
+        work = _layer_work(spec, scene, device, build_map=spec["map"] == "fresh")
+        impls = [("relconv", setup.relconv)]
+        if device.type == "cpu" and len(scene.coords) < 20_000:
+            impls.append(("ref-dense", setup.dense))
+        peer_builders = [("spconv", setup.spconv), ("warpconvnet", setup.warpconvnet)]
+        tolerance = None
+    else:
+        work = None
+        impls = [("relconv", setup.relconv)]
+        peer_builders = [("spconv", lambda: setup.peer(spconv_peer.SpconvBackend())),
+                         ("warpconvnet", lambda: setup.peer(warpconvnet_peer.WarpConvNetBackend()))]
+        tolerance = E2E_TOLERANCE
+    for name, build in peer_builders:
+        if name in peers:
+            impls.append((name, partial(_peer_or_missing, peers[name], build)))
+    return run_case(meta, impls, device, timing, ceilings, work, tolerance=tolerance)
+
+
+def _peer_or_missing(availability: tuple[bool, str], build):
+    ok, info = availability
+    if not ok:
+        raise Unsupported(f"peer missing: {info}")
+    return build()
+
+
+PEERS = {"spconv": spconv_peer.available, "warpconvnet": warpconvnet_peer.available}

@@ -1,0 +1,88 @@
+"""WarpConvNet peer (PyPI sdist built with CUDA by benchmarks/peers/build_warpconvnet.sh).
+
+Coordinates: `Voxels(coords [N, 3] int32, feats [N, C], offsets [B + 1], tensor_stride=s)` with
+rows grouped by batch (relconv's voxelize sorts by (b, x, y, z), which satisfies that). A stride-2
+layer outputs floor(p / 2) in coarse units with tensor_stride 2; `keys` scales back to fine units.
+Kernel maps are cached in the input's `_cache` (carried by `replace_features`), so "cached" rows
+reuse one tensor's cache and "fresh" rows build new Voxels. A transposed conv is given the fine
+tensor whose sites it must produce (`output_spatially_sparse_tensor`). WarpConvNet picks its GEMM
+algorithm by benchmarking on first use; that happens in the (untimed) agreement call and warm-up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.peers.layouts import to_warpconvnet
+from benchmarks.peers.minkunet import Backend
+
+OPS = {"subm3": (3, 1, False), "down2": (2, 2, False), "down3": (3, 2, False), "up2": (2, 2, True)}
+
+
+def available() -> tuple[bool, str]:
+    try:
+        import warpconvnet
+        from warpconvnet.nn.modules.sparse_conv import SparseConv3d  # noqa: F401  (loads warpconvnet._C)
+    except Exception as err:  # a missing/ABI-mismatched extension raises ImportError or OSError
+        return False, f"not importable ({type(err).__name__}: {err})"
+    try:
+        from importlib.metadata import version
+
+        return True, version("warpconvnet")
+    except Exception:
+        return True, getattr(warpconvnet, "__version__", "unknown")
+
+
+def voxels(feats: torch.Tensor, coords: torch.Tensor, batch_size: int, tensor_stride: int = 1):
+    """Voxels from int32 (b, x, y, z) rows grouped by batch; x, y, z in units of `tensor_stride`."""
+    from warpconvnet.geometry.types.voxels import Voxels
+
+    counts = torch.bincount(coords[:, 0].long(), minlength=batch_size).cpu()
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    return Voxels(coords[:, 1:].int().contiguous(), feats, offsets=offsets, tensor_stride=tensor_stride)
+
+
+def layer(op: str, cin: int, cout: int) -> torch.nn.Module:
+    from warpconvnet.nn.modules.sparse_conv import SparseConv3d
+
+    k, s, transposed = OPS[op]
+    return SparseConv3d(cin, cout, k, stride=s, bias=False, transposed=transposed)
+
+
+def load_weight(module: torch.nn.Module, weight: torch.Tensor) -> None:
+    with torch.no_grad():
+        module.weight.copy_(to_warpconvnet(weight))
+
+
+def keys(x, level_stride: int) -> torch.Tensor:
+    """(b, x, y, z) of each output row in fine-grid units."""
+    k = x.batch_indexed_coordinates.long().clone()
+    k[:, 1:] *= level_stride
+    return k
+
+
+class WarpConvNetBackend(Backend):
+    def __init__(self) -> None:
+        from warpconvnet.nn.modules.sparse_conv import SparseConv3d
+
+        self.conv_types = (SparseConv3d,)
+
+    def tensor(self, feats, coords, batch_size):
+        return voxels(feats, coords, batch_size)
+
+    def conv(self, cin, cout, kernel_size, stride, transposed, key):
+        from warpconvnet.nn.modules.sparse_conv import SparseConv3d
+
+        return SparseConv3d(cin, cout, kernel_size, stride=stride, bias=False, transposed=transposed)
+
+    def run_conv(self, conv, x, target=None):
+        return conv(x) if target is None else conv(x, output_spatially_sparse_tensor=target)
+
+    def feats(self, x):
+        return x.feature_tensor
+
+    def replace(self, x, feats):
+        return x.replace_features(feats)
+
+    def load_conv_weight(self, conv, weight, kernel_size):
+        load_weight(conv, weight)
