@@ -6,6 +6,10 @@
 //   in_index, out_index  [P], int32 or int64 (same dtype), pairs sorted by relation
 //   rel_ptr  [R + 1] int64, CSR offsets of each relation's pairs
 //   scale    [P] in the accumulation dtype (float64 for float64 inputs, float32 otherwise)
+//   neighbor_table  optional [num_out, R] (same dtype as the indices, -1 = no input): the
+//            output-stationary view of the same pairs, given only for maps with at most one input
+//            per (output, relation) and no scale; lets the CUDA kernel avoid atomics. It must
+//            describe exactly the pairs in in_index/out_index (RelationalMap guarantees that).
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -14,7 +18,7 @@
 TORCH_LIBRARY(relconv, m) {
   m.def(
       "relational_conv(Tensor x, Tensor weight, Tensor in_index, Tensor out_index, "
-      "Tensor rel_ptr, Tensor? scale, SymInt num_out) -> Tensor");
+      "Tensor rel_ptr, Tensor? scale, SymInt num_out, Tensor? neighbor_table=None) -> Tensor");
   m.def(
       "relational_conv_weight_grad(Tensor x, Tensor grad_out, Tensor in_index, "
       "Tensor out_index, Tensor rel_ptr, Tensor? scale, int groups) -> Tensor");

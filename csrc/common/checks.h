@@ -79,6 +79,21 @@ inline ConvShape check_conv_args(const at::Tensor& x, const at::Tensor& weight,
   return s;
 }
 
+inline void check_neighbor_table(const std::optional<at::Tensor>& table, const at::Tensor& in_index,
+                                 const std::optional<at::Tensor>& scale, int64_t num_out,
+                                 int64_t num_relations) {
+  if (!table.has_value()) return;
+  const auto& t = *table;
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == num_out && t.size(1) == num_relations,
+                    "neighbor_table must have shape [num_out, R] = [", num_out, ", ", num_relations,
+                    "], got ", t.sizes());
+  TORCH_CHECK_VALUE(t.scalar_type() == in_index.scalar_type(), "neighbor_table dtype (", t.scalar_type(),
+                    ") must match in_index dtype (", in_index.scalar_type(), ")");
+  TORCH_CHECK_VALUE(t.device() == in_index.device(), "neighbor_table must be on ", in_index.device(),
+                    ", got ", t.device());
+  TORCH_CHECK_VALUE(!scale.has_value(), "neighbor_table cannot be combined with a per-pair scale");
+}
+
 inline ConvShape check_weight_grad_args(const at::Tensor& x, const at::Tensor& grad_out,
                                         const at::Tensor& in_index, const at::Tensor& out_index,
                                         const at::Tensor& rel_ptr,

@@ -114,7 +114,8 @@ void forward_by_width(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& 
 
 at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
-                                const std::optional<at::Tensor>& scale, int64_t num_out) {
+                                const std::optional<at::Tensor>& scale, int64_t num_out,
+                                const std::optional<at::Tensor>& neighbor_table) {
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());

@@ -72,7 +72,23 @@ def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int 
         raise ValueError(f"x has {x.shape[1]} channels but weight expects C_in = {w.shape[1] * w.shape[2]}")
     if x.device != rmap.device:
         raise ValueError(f"x is on {x.device} but the map is on {rmap.device}")
-    return _conv(x, w, rmap.in_index, rmap.out_index, rmap.rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out)
+    return _conv(
+        x,
+        w,
+        rmap.in_index,
+        rmap.out_index,
+        rmap.rel_ptr,
+        _scale_for(rmap, x.dtype),
+        rmap.num_out,
+        _output_stationary_table(rmap, x),
+    )
+
+
+def _output_stationary_table(rmap: RelationalMap, x: Tensor) -> Tensor | None:
+    """The neighbour table when the CUDA kernel can run output-stationary (no atomics), else None."""
+    if x.device.type != "cuda" or not rmap.unique_slots or rmap.scale is not None:
+        return None
+    return rmap.neighbor_table()
 
 
 def relational_conv_weight_grad(x: Tensor, grad_out: Tensor, rmap: RelationalMap, groups: int = 1) -> Tensor:
@@ -96,7 +112,7 @@ def _shape(t: object) -> str:
 
 # ---------------------------------------------------------------------------- fake kernels
 @torch.library.register_fake("relconv::relational_conv")
-def _conv_fake(x, weight, in_index, out_index, rel_ptr, scale, num_out):
+def _conv_fake(x, weight, in_index, out_index, rel_ptr, scale, num_out, neighbor_table=None):
     return x.new_empty((num_out, weight.shape[1] * weight.shape[3]))
 
 
@@ -111,7 +127,7 @@ def _weight_grad_fake(x, grad_out, in_index, out_index, rel_ptr, scale, groups):
 # relation) with W[r]^T; the weight gradient is its own gather-gather op. Both are themselves
 # differentiable, so double backward works.
 def _conv_setup(ctx, inputs, output):
-    x, weight, in_index, out_index, rel_ptr, scale, _ = inputs
+    x, weight, in_index, out_index, rel_ptr, scale = inputs[:6]
     ctx.save_for_backward(x, weight, in_index, out_index, rel_ptr, scale)
     ctx.num_in = x.shape[0]
 
@@ -124,7 +140,7 @@ def _conv_backward(ctx, grad):
         grad_x = _conv(grad, weight.transpose(2, 3), out_index, in_index, rel_ptr, scale, ctx.num_in)
     if ctx.needs_input_grad[1]:
         grad_w = _weight_grad(x, grad, in_index, out_index, rel_ptr, scale, weight.shape[1])
-    return grad_x, grad_w, None, None, None, None, None
+    return grad_x, grad_w, None, None, None, None, None, None
 
 
 def _weight_grad_setup(ctx, inputs, output):
