@@ -19,7 +19,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness.bench import Prepared, Unsupported, run_case
+from benchmarks.harness.bench import PeerMissing, Prepared, Unsupported, run_case
 from benchmarks.harness.floor import DTYPES, rgcn_layer_work
 from benchmarks.harness.timing import rotation_count
 from benchmarks.peers import dgl_peer, pyg_peer
@@ -263,7 +263,7 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
 
 def _prepare_or_missing(spec, g, device, name, ref_layers, ok, info):
     if not ok:
-        raise Unsupported(f"peer missing: {info}")
+        raise PeerMissing(info)
     return _prepare(spec, g, device, name, ref_layers)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness.bench import Prepared, Unsupported, run_case
+from benchmarks.harness.bench import PeerMissing, Prepared, Unsupported, run_case
 from benchmarks.harness.floor import DTYPES, conv_layer_work
 from benchmarks.harness.timing import rotation_count
 from benchmarks.peers import spconv_peer, warpconvnet_peer
@@ -508,7 +508,7 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
 def _peer_or_missing(availability: tuple[bool, str], build):
     ok, info = availability
     if not ok:
-        raise Unsupported(f"peer missing: {info}")
+        raise PeerMissing(info)
     return build()
 
 

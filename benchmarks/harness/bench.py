@@ -26,6 +26,10 @@ class Unsupported(Exception):
     """The implementation does not offer this case (reported as its status, not as an error)."""
 
 
+class PeerMissing(Exception):
+    """The peer library is not importable here (reported as "missing: <why>")."""
+
+
 @dataclass
 class Prepared:
     """An implementation ready to time.
@@ -123,6 +127,8 @@ def run_case(
             del prepared
         except Unsupported as err:
             row["status"] = f"unsupported: {err}"
+        except PeerMissing as err:
+            row["status"] = f"missing: {err}"[:300]
         except torch.cuda.OutOfMemoryError:
             row["status"] = "oom"
         except Exception as err:  # a peer's crash must not end the suite; the row carries it

@@ -1,0 +1,104 @@
+"""CPU smoke test of the benchmark harness on tiny sizes: rows, fields and agreement, never timings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+pytest.importorskip("matplotlib")
+
+from benchmarks import run  # noqa: E402
+from benchmarks.harness.bench import TOLERANCE  # noqa: E402
+
+FIELDS = {"suite", "case", "impl", "status", "dtype", "median_ms", "p20_ms", "p80_ms", "runs", "peak_mem_mib",
+          "floor_ms", "x_floor", "bytes", "flops", "max_rel_err", "agrees_with"}
+
+
+def _run(tmp_path, *args) -> dict:
+    assert run.main(["--device", "cpu", "--tiny", "--runs", "2", "--out", str(tmp_path), *args]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert {"device", "torch", "relconv_commit", "peers", "ceilings"} <= set(data["environment"])
+    return data
+
+
+def test_graph_suite_agrees_with_pyg(tmp_path):
+    data = _run(tmp_path, "--suite", "graph", "--peers", "pyg,dgl")
+    rows = data["rows"]
+    assert rows and all(FIELDS <= set(r) for r in rows)
+    cases = {r["case"] for r in rows}
+    assert any("/layer/" in c for c in cases) and any("/rgcn2/" in c for c in cases)
+    for case in cases:
+        by_impl = {r["impl"]: r for r in rows if r["case"] == case}
+        assert by_impl["relconv"]["status"] == "ok", by_impl["relconv"]
+        assert by_impl["relconv"]["median_ms"] > 0
+        pyg = by_impl["pyg"]
+        assert pyg["status"] == "ok" and pyg["agrees_with"] == "relconv", pyg
+        assert pyg["max_rel_err"] <= TOLERANCE[pyg["dtype"]]
+        if data["environment"]["peers"]["dgl"]["available"]:
+            assert by_impl["dgl"]["status"] == "ok", by_impl["dgl"]
+    assert (tmp_path / "speedup_graph.png").exists() and (tmp_path / "floor_graph.png").exists()
+
+
+def test_voxel_suite_agrees_with_dense_conv(tmp_path):
+    data = _run(tmp_path, "--suite", "voxel", "--peers", "spconv,warpconvnet",
+                "--cases", "*/layer/*/fwd,*/map/*,*/e2e/*/infer/*")
+    rows = data["rows"]
+    assert rows and all(FIELDS <= set(r) for r in rows)
+    layer_cases = {r["case"] for r in rows if "/layer/" in r["case"]}
+    assert {c.split("/")[4] for c in layer_cases} == {"subm3", "down2", "down3", "up2"}
+    for case in layer_cases:
+        by_impl = {r["impl"]: r for r in rows if r["case"] == case}
+        assert by_impl["relconv"]["status"] == "ok", by_impl["relconv"]
+        dense = by_impl["ref-dense"]
+        assert dense["status"] == "reference" and dense["agrees_with"] == "relconv", dense
+        assert dense["max_rel_err"] <= TOLERANCE["fp32"]
+        assert by_impl["relconv"]["x_floor"] > 0
+        # Peers are CUDA-only wheels: on a CPU machine they are reported, not failed.
+        for peer in ("spconv", "warpconvnet"):
+            assert by_impl[peer]["status"].split(":")[0] in ("ok", "missing", "unsupported", "error"), by_impl[peer]
+    assert any(r["case"].endswith("/map/tiny/subm3") and r["status"] == "ok" for r in rows)
+    assert any("/e2e/" in r["case"] and r["impl"] == "relconv" and r["status"] == "ok" for r in rows)
+
+
+def test_minkunet_skeleton_matches_relconv():
+    """The peers' MinkUNet skeleton, run on relconv's own layers, reproduces relconv's MinkUNet:
+    module order, channel plan, concatenation order and weight copying are right."""
+    from benchmarks.peers.minkunet import Backend, PeerMinkUNet, copy_weights
+    from benchmarks.voxel_suite import load_scene
+    from relconv.voxel import Conv3d, VoxelTensor
+    from relconv.voxel.models import MinkUNet
+
+    class RelconvBackend(Backend):
+        conv_types = (Conv3d,)
+
+        def tensor(self, feats, coords, batch_size):
+            return VoxelTensor(feats, coords)
+
+        def conv(self, cin, cout, kernel_size, stride, transposed, key):
+            return Conv3d(cin, cout, kernel_size, stride=stride, transposed=transposed)
+
+        def run_conv(self, conv, x, target=None):
+            return conv(x)
+
+        def feats(self, x):
+            return x.feats
+
+        def replace(self, x, feats):
+            return x.replace_feature(feats)
+
+        def load_conv_weight(self, conv, weight, kernel_size):
+            conv.weight.copy_(weight)
+
+    scene = load_scene("tiny", torch.device("cpu"))
+    torch.manual_seed(0)
+    ref = MinkUNet(4, 5, width=0.25).eval()
+    be = RelconvBackend()
+    peer = PeerMinkUNet(be, 4, 5, 0.25).eval()
+    copy_weights(ref, peer)
+    with torch.no_grad():
+        want = ref(VoxelTensor(scene.feats, scene.coords))
+        got = peer(be.tensor(scene.feats, scene.coords, 1))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
