@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers", default="all",
                    help="comma-separated subset of: " + ",".join(sorted({*voxel_suite.PEERS, *graph_suite.PEERS})))
     p.add_argument("--runs", type=int, default=None, help="timed runs per case (default 20; tiny 3)")
-    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up per case (default 0.5 s)")
+    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up per case (default 0.3 s)")
     p.add_argument("--list", action="store_true", help="print the selected case names and exit")
     return p.parse_args(argv)
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     timing = TimingConfig(
         warmup_runs=1 if args.tiny else 5,
-        warmup_seconds=args.warmup_seconds if args.warmup_seconds is not None else (0.0 if args.tiny else 0.5),
+        warmup_seconds=args.warmup_seconds if args.warmup_seconds is not None else (0.0 if args.tiny else 0.3),
         runs=args.runs or (3 if args.tiny else 20),
     )
     args.out.mkdir(parents=True, exist_ok=True)

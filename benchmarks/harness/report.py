@@ -85,21 +85,24 @@ def speedups(rows: list[dict]) -> list[tuple[str, str, float]]:
 
 
 def plot(rows: list[dict], out_dir: Path) -> list[Path]:
-    """speedup_<suite>.png (relconv over each peer) and floor_<suite>.png (relconv time / floor)."""
+    """Per (suite, device, kind): speedup_<...>.png (relconv over each peer) and floor_<...>.png
+    (relconv's time as a multiple of the floor)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["suite"], r.get("device", "?"), r.get("kind", "case"))].append(r)
     written = []
-    suites = sorted({r["suite"] for r in rows})
-    for suite in suites:
-        srows = [r for r in rows if r["suite"] == suite]
-        sp = speedups(srows)
+    for (suite, device, kind), grows in sorted(groups.items()):
+        tag = f"{suite}_{device}_{kind}"
+        sp = speedups(grows)
         if sp:
             peers = sorted({p for _, p, _ in sp})
             cases = sorted({c for c, _, _ in sp})
-            fig, ax = plt.subplots(figsize=(10, max(3, 0.22 * len(cases) + 1)))
+            fig, ax = plt.subplots(figsize=(11, max(3, 0.2 * len(cases) * len(peers) ** 0.5 + 1)))
             height = 0.8 / len(peers)
             index = {c: i for i, c in enumerate(cases)}
             for j, peer in enumerate(peers):
@@ -109,28 +112,33 @@ def plot(rows: list[dict], out_dir: Path) -> list[Path]:
             ax.set_xscale("log")
             ax.set_yticks([i + 0.4 - height / 2 for i in range(len(cases))], cases, fontsize=6)
             ax.set_xlabel("speedup of relconv (peer time / relconv time; > 1 means relconv is faster)")
-            ax.set_title(f"{suite}: relconv speedup over each peer")
+            ax.set_title(f"{suite} / {device} / {kind}: relconv speedup over each peer")
             ax.legend(fontsize=7)
             fig.tight_layout()
-            path = out_dir / f"speedup_{suite}.png"
-            fig.savefig(path, dpi=120)
+            path = out_dir / f"speedup_{tag}.png"
+            fig.savefig(path, dpi=110)
             plt.close(fig)
             written.append(path)
-        fl = [r for r in srows if r["impl"] == "relconv" and r["status"] == "ok" and r.get("x_floor")]
+        fl = [r for r in grows if r["impl"] == "relconv" and r["status"] == "ok" and r.get("x_floor")]
         if fl:
-            fig, ax = plt.subplots(figsize=(10, max(3, 0.18 * len(fl) + 1)))
+            fig, ax = plt.subplots(figsize=(11, max(3, 0.16 * len(fl) + 1)))
             ax.barh(range(len(fl)), [r["x_floor"] for r in fl])
             ax.set_yticks(range(len(fl)), [r["case"] for r in fl], fontsize=6)
             ax.set_xscale("log")
             ax.axvline(1.0, color="k", lw=0.8)
             ax.set_xlabel("relconv time / floor (1 = at the physical limit)")
-            ax.set_title(f"{suite}: relconv time as a multiple of the floor")
+            ax.set_title(f"{suite} / {device} / {kind}: relconv time as a multiple of the floor")
             fig.tight_layout()
-            path = out_dir / f"floor_{suite}.png"
-            fig.savefig(path, dpi=120)
+            path = out_dir / f"floor_{tag}.png"
+            fig.savefig(path, dpi=110)
             plt.close(fig)
             written.append(path)
     return written
+
+
+def _word(status: str) -> str:
+    """"missing: <why>" -> "missing" (the JSON keeps the reason)."""
+    return status.split(":")[0][:14]
 
 
 def _fmt(v, spec: str) -> str:
@@ -138,7 +146,12 @@ def _fmt(v, spec: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """One line per case: relconv's time, its multiple of the floor, and each peer's time or status."""
+    """Per suite, one line per case: relconv's time, its multiple of the floor, each peer's time
+    (with relconv's speedup over it) or status."""
+    return "\n\n".join(_suite_table([r for r in rows if r["suite"] == s]) for s in sorted({r["suite"] for r in rows}))
+
+
+def _suite_table(rows: list[dict]) -> str:
     peers = sorted({r["impl"] for r in rows if r["impl"] != "relconv"})
     by_case: dict[str, dict[str, dict]] = defaultdict(dict)
     for r in rows:
@@ -149,7 +162,7 @@ def table(rows: list[dict]) -> str:
     lines = [head, "-" * len(head)]
     for case, impls in by_case.items():
         rc = impls.get("relconv", {})
-        cell = (_fmt(rc.get("median_ms"), ".3f") if rc.get("status") == "ok" else rc.get("status", "-")[:10])
+        cell = _fmt(rc.get("median_ms"), ".3f") if rc.get("status") == "ok" else _word(rc.get("status", "-"))
         line = f"{case:<{width}}  {cell:>10} {_fmt(rc.get('x_floor'), '.1f'):>7} " \
                f"{_fmt(rc.get('peak_mem_mib'), '.0f'):>8}"
         for p in peers:
@@ -161,7 +174,7 @@ def table(rows: list[dict]) -> str:
                 if rc.get("status") == "ok":
                     s += f" ({r['median_ms'] / rc['median_ms']:.2f}x)"
             else:
-                s = r["status"][:14]
+                s = _word(r["status"])
             line += f" {s:>14}"
         lines.append(line)
     return "\n".join(lines)

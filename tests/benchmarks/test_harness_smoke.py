@@ -39,7 +39,7 @@ def test_graph_suite_agrees_with_pyg(tmp_path):
         assert pyg["max_rel_err"] <= TOLERANCE[pyg["dtype"]]
         if data["environment"]["peers"]["dgl"]["available"]:
             assert by_impl["dgl"]["status"] == "ok", by_impl["dgl"]
-    assert (tmp_path / "speedup_graph.png").exists() and (tmp_path / "floor_graph.png").exists()
+    assert (tmp_path / "speedup_graph_cpu_layer.png").exists() and (tmp_path / "floor_graph_cpu_layer.png").exists()
 
 
 def test_voxel_suite_agrees_with_dense_conv(tmp_path):

@@ -1,0 +1,45 @@
+"""Merges the results.json of several runs (e.g. one per 10-minute GPU call) into one directory.
+
+    python -m benchmarks.merge --out benchmarks/results RUN_DIR [RUN_DIR ...]
+
+Rows are keyed by (case, impl); a later directory's row replaces an earlier one. The environment
+is the first run's, with every run's peers and ceilings kept under "runs". Plots and the table are
+redrawn from the merged rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.harness import report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.merge", description=__doc__)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("runs", nargs="+", type=Path, help="directories holding results.json")
+    args = p.parse_args(argv)
+    rows: dict[tuple[str, str], dict] = {}
+    env, runs = None, []
+    for run_dir in args.runs:
+        data = json.loads((run_dir / "results.json").read_text())
+        env = env or data["environment"]
+        runs.append({"dir": str(run_dir), "args": data["args"], "environment": data["environment"]})
+        for row in data["rows"]:
+            rows[(row["case"], row["impl"])] = row
+    merged = dict(env, runs=runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    all_rows = list(rows.values())
+    report.write_json(args.out / "results.json", merged, all_rows, {"merged_from": [str(r) for r in args.runs]})
+    plots = report.plot(all_rows, args.out)
+    print(f"merged {len(all_rows)} rows into {args.out / 'results.json'}; plots: "
+          f"{', '.join(p.name for p in plots) or 'none'}")
+    print(report.table(all_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
