@@ -1,7 +1,7 @@
 // CPU kernels of the relational-convolution ops.
 //
-// Weight-stationary: for each relation, gather its input rows, one blocked GEMM through ATen (which
-// is itself multi-threaded), then a scatter-add into the output. The scatter is parallel over
+// Weight-stationary: gather the input rows of a chunk of relations, one blocked GEMM per relation
+// through ATen, then a scatter-add into the output. The scatter is parallel over
 // disjoint ranges of output rows: each thread scans the relation's pairs and adds only rows it owns,
 // so there are no races and the summation order (pair order) is deterministic.
 #include <ATen/ATen.h>
@@ -55,11 +55,19 @@ void scatter_add_rows(at::Tensor& out, const at::Tensor& idx, const at::Tensor& 
   });
 }
 
-// rows [n, G*cin_g] @ w [G, cin_g, cout_g] -> [n, G*cout_g] (block-diagonal per group).
-at::Tensor grouped_mm(const at::Tensor& rows, const at::Tensor& w) {
+// rows [n, G*cin_g] @ w [G, cin_g, cout_g] -> out [n, G*cout_g] (block-diagonal per group).
+void grouped_mm_out(at::Tensor out, const at::Tensor& rows, const at::Tensor& w) {
   const int64_t n = rows.size(0), g = w.size(0), cin_g = w.size(1), cout_g = w.size(2);
-  if (g == 1) return at::mm(rows, w[0]);
-  return at::bmm(rows.view({n, g, cin_g}).transpose(0, 1), w).transpose(0, 1).reshape({n, g * cout_g});
+  if (g == 1) {
+    at::mm_out(out, rows, w[0]);
+    return;
+  }
+  out.view({n, g, cout_g}).transpose(0, 1).copy_(at::bmm(rows.view({n, g, cin_g}).transpose(0, 1), w));
+}
+
+// Pairs per chunk: bounds the gathered-rows and products buffers to ~64 MiB of accumulation type.
+int64_t chunk_pairs(int64_t channels, int64_t elem_size) {
+  return std::max<int64_t>(1024, (int64_t{64} << 20) / std::max<int64_t>(1, channels * elem_size));
 }
 
 at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
@@ -76,18 +84,33 @@ at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, co
   const at::Tensor wa = weight.to(acc).contiguous();
   at::Tensor out = at::zeros({num_out, s.groups * s.cout_g}, x.options().dtype(acc));
   const auto* ptr = rel_ptr.data_ptr<int64_t>();
-  for (int64_t r = 0; r < s.num_relations; ++r) {
-    const int64_t lo = ptr[r], hi = ptr[r + 1];
-    if (lo == hi) continue;
-    at::Tensor y = grouped_mm(xa.index_select(0, in_index.slice(0, lo, hi)), wa[r]);
-    if (scale.has_value()) y.mul_(scale->slice(0, lo, hi).unsqueeze(1));
-    y = y.contiguous();
-    const at::Tensor oi = out_index.slice(0, lo, hi);
-    AT_DISPATCH_FLOATING_TYPES(acc, "relational_conv_cpu", [&] {
-      AT_DISPATCH_INDEX_TYPES(oi.scalar_type(), "relational_conv_cpu", [&] {
-        scatter_add_rows<scalar_t, index_t>(out, oi, y);
+  const int64_t budget = chunk_pairs(s.groups * (s.cin_g + s.cout_g), xa.element_size());
+  // Few, large parallel regions per chunk of relations (gather, GEMMs, scatter) rather than three
+  // per relation: OpenMP barriers are costly, and ruinous when the cores are shared.
+  for (int64_t r0 = 0; r0 < s.num_relations;) {
+    int64_t r1 = r0 + 1;
+    while (r1 < s.num_relations && ptr[r1 + 1] - ptr[r0] <= budget) ++r1;
+    const int64_t lo = ptr[r0], hi = ptr[r1];
+    if (lo < hi) {
+      const at::Tensor rows = xa.index_select(0, in_index.slice(0, lo, hi));
+      at::Tensor prod = at::empty({hi - lo, s.groups * s.cout_g}, rows.options());
+      // Relations write disjoint row ranges of prod; nested ATen calls run single-threaded.
+      at::parallel_for(r0, r1, 1, [&](int64_t rb, int64_t re) {
+        for (int64_t r = rb; r < re; ++r) {
+          if (ptr[r] == ptr[r + 1]) continue;
+          grouped_mm_out(prod.slice(0, ptr[r] - lo, ptr[r + 1] - lo), rows.slice(0, ptr[r] - lo, ptr[r + 1] - lo),
+                         wa[r]);
+        }
       });
-    });
+      if (scale.has_value()) prod.mul_(scale->slice(0, lo, hi).unsqueeze(1));
+      const at::Tensor oi = out_index.slice(0, lo, hi);
+      AT_DISPATCH_FLOATING_TYPES(acc, "relational_conv_cpu", [&] {
+        AT_DISPATCH_INDEX_TYPES(oi.scalar_type(), "relational_conv_cpu", [&] {
+          scatter_add_rows<scalar_t, index_t>(out, oi, prod);
+        });
+      });
+    }
+    r0 = r1;
   }
   return out.to(x.scalar_type());
 }

@@ -5,7 +5,7 @@ import importlib
 
 import torch
 
-PARTS = {"ops": "relconv.demo.ops_demo"}
+PARTS = {"ops": "relconv.demo.ops_demo", "voxel": "relconv.demo.voxel_demo"}
 
 
 def main() -> None:
