@@ -55,14 +55,39 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
                     for dt in dtypes:
                         for mp in ("fresh", "cached"):
                             for ps in ("fwd", "fwd+bwd"):
-                                specs.append(dict(suite="graph", device=dev, graph=g, kind="layer", C=c,
-                                                  aggr=aggr, dtype=dt, map=mp, pass_=ps))
+                                specs.append(
+                                    dict(
+                                        suite="graph",
+                                        device=dev,
+                                        graph=g,
+                                        kind="layer",
+                                        C=c,
+                                        aggr=aggr,
+                                        dtype=dt,
+                                        map=mp,
+                                        pass_=ps,
+                                    )
+                                )
             for ps in ("fwd", "fwd+bwd"):
-                specs.append(dict(suite="graph", device=dev, graph=g, kind="rgcn2", C=HIDDEN, aggr="mean",
-                                  dtype="fp32", map="cached", pass_=ps))
+                specs.append(
+                    dict(
+                        suite="graph",
+                        device=dev,
+                        graph=g,
+                        kind="rgcn2",
+                        C=HIDDEN,
+                        aggr="mean",
+                        dtype="fp32",
+                        map="cached",
+                        pass_=ps,
+                    )
+                )
     for s in specs:
-        tail = (f"layer/C{s['C']}/{s['aggr']}/{s['dtype']}/{s['map']}" if s["kind"] == "layer"
-                else f"rgcn2/{s['dtype']}/{s['map']}")
+        tail = (
+            f"layer/C{s['C']}/{s['aggr']}/{s['dtype']}/{s['map']}"
+            if s["kind"] == "layer"
+            else f"rgcn2/{s['dtype']}/{s['map']}"
+        )
         s["case"] = f"graph/{s['device']}/{s['graph']}/{tail}/{s['pass_']}"
     return specs
 
@@ -75,7 +100,9 @@ def load_graph(name: str, device: torch.device) -> Graph:
         num_classes = 4
         gen = torch.Generator().manual_seed(0)
         labels = torch.full((n,), -1, dtype=torch.int64)
-        labels[torch.randperm(n, generator=gen)[:1000]] = torch.randint(0, num_classes, (1000,), generator=gen)
+        labels[torch.randperm(n, generator=gen)[:1000]] = torch.randint(
+            0, num_classes, (1000,), generator=gen
+        )
     else:
         ei, et, n, r, labels = graphs.make_kg(name, seed=0)
         num_classes = graphs.STATS[name].num_classes
@@ -116,15 +143,19 @@ def _source_layers(spec: dict, g: Graph) -> list[torch.nn.Module]:
     if spec["kind"] == "layer":
         return [RGCNConv(spec["C"], spec["C"], g.num_relations, aggr=spec["aggr"])]
     bases = min(30, g.num_relations)
-    return [RGCNConv(HIDDEN, HIDDEN, g.num_relations, num_bases=bases, aggr="mean"),
-            RGCNConv(HIDDEN, g.num_classes, g.num_relations, num_bases=bases, aggr="mean")]
+    return [
+        RGCNConv(HIDDEN, HIDDEN, g.num_relations, num_bases=bases, aggr="mean"),
+        RGCNConv(HIDDEN, g.num_classes, g.num_relations, num_bases=bases, aggr="mean"),
+    ]
 
 
 def _prepare(spec: dict, g: Graph, device: torch.device, impl: str, ref_layers: list) -> Prepared:
     dtype = DTYPES[spec["dtype"]]
     n, r, aggr = g.num_nodes, g.num_relations, spec["aggr"]
     bases = None if spec["kind"] == "layer" else min(30, r)
-    shapes = ([(spec["C"], spec["C"])] if spec["kind"] == "layer" else [(HIDDEN, HIDDEN), (HIDDEN, g.num_classes)])
+    shapes = (
+        [(spec["C"], spec["C"])] if spec["kind"] == "layer" else [(HIDDEN, HIDDEN), (HIDDEN, g.num_classes)]
+    )
 
     if impl == "relconv":
         from relconv.graph import RGCNConv, build_rgcn_map
@@ -138,6 +169,7 @@ def _prepare(spec: dict, g: Graph, device: torch.device, impl: str, ref_layers: 
             def graph_of():
                 return cached
         else:
+
             def graph_of():
                 return build_rgcn_map(g.edge_index, g.edge_type, n, r, aggr)
 
@@ -146,11 +178,15 @@ def _prepare(spec: dict, g: Graph, device: torch.device, impl: str, ref_layers: 
     elif impl in ("pyg", "pyg-fast"):
         kind = "RGCNConv" if impl == "pyg" else "FastRGCNConv"
         if impl == "pyg-fast":
-            need = max(pyg_peer.fast_rgcn_bytes(g.edge_index.shape[1], a, b, dtype.itemsize) for a, b in shapes)
+            need = max(
+                pyg_peer.fast_rgcn_bytes(g.edge_index.shape[1], a, b, dtype.itemsize) for a, b in shapes
+            )
             if need * (3 if spec["pass_"] == "fwd+bwd" else 1) > FAST_RGCN_LIMIT:
                 raise Unsupported(f"per-edge weights need {need / 2**30:.0f} GiB")
-        layers = [pyg_peer.rgcn_layer(kind, ref.state_dict(), a, b, r, aggr, bases)
-                  for ref, (a, b) in zip(ref_layers, shapes)]
+        layers = [
+            pyg_peer.rgcn_layer(kind, ref.state_dict(), a, b, r, aggr, bases)
+            for ref, (a, b) in zip(ref_layers, shapes, strict=False)
+        ]
 
         def graph_of():
             return (g.edge_index, g.edge_type)
@@ -160,11 +196,15 @@ def _prepare(spec: dict, g: Graph, device: torch.device, impl: str, ref_layers: 
     elif impl == "dgl":
         if device.type != "cpu":
             raise Unsupported("PyPI dgl is CPU-only")
-        layers = [dgl_peer.rgcn_layer(ref.state_dict(), a, b, r, bases) for ref, (a, b) in zip(ref_layers, shapes)]
+        layers = [
+            dgl_peer.rgcn_layer(ref.state_dict(), a, b, r, bases)
+            for ref, (a, b) in zip(ref_layers, shapes, strict=False)
+        ]
 
         def build():
             norm = dgl_peer.mean_norm(g.edge_index, g.edge_type, n) if aggr == "mean" else None
             return dgl_peer.make_graph(g.edge_index, n), norm
+
         if spec["map"] == "cached":
             cached_graph = build()
 
@@ -188,13 +228,16 @@ def _prepare(spec: dict, g: Graph, device: torch.device, impl: str, ref_layers: 
     c_in = shapes[0][0]
     gen = torch.Generator(device="cpu").manual_seed(1)
     bytes_per_input = n * c_in * dtype.itemsize
-    xs = [torch.randn(n, c_in, generator=gen).to(device, dtype)
-          for _ in range(rotation_count(bytes_per_input, device))]
+    xs = [
+        torch.randn(n, c_in, generator=gen).to(device, dtype)
+        for _ in range(rotation_count(bytes_per_input, device))
+    ]
     tf32 = spec["dtype"] == "tf32"
     labelled = (g.labels >= 0).nonzero().squeeze(1)
     upstream = torch.randn(n, shapes[-1][1], generator=gen).to(device, dtype)
 
     if spec["pass_"] == "fwd":
+
         def fn(x):
             with torch.no_grad(), _tf32(tf32):
                 return forward(x)
@@ -217,8 +260,12 @@ def _prepare(spec: dict, g: Graph, device: torch.device, impl: str, ref_layers: 
         with torch.no_grad(), _tf32(tf32):
             return None, forward(xs[0].detach()).float()
 
-    return Prepared(fn=fn, inputs=xs, output=output,
-                    note="no map cache in PyG" if impl.startswith("pyg") and spec["map"] == "cached" else "")
+    return Prepared(
+        fn=fn,
+        inputs=xs,
+        output=output,
+        note="no map cache in PyG" if impl.startswith("pyg") and spec["map"] == "cached" else "",
+    )
 
 
 def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:

@@ -33,10 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     merged = dict(env, runs=runs)
     args.out.mkdir(parents=True, exist_ok=True)
     all_rows = list(rows.values())
-    report.write_json(args.out / "results.json", merged, all_rows, {"merged_from": [str(r) for r in args.runs]})
+    report.write_json(
+        args.out / "results.json", merged, all_rows, {"merged_from": [str(r) for r in args.runs]}
+    )
     plots = report.plot(all_rows, args.out)
-    print(f"merged {len(all_rows)} rows into {args.out / 'results.json'}; plots: "
-          f"{', '.join(p.name for p in plots) or 'none'}")
+    print(
+        f"merged {len(all_rows)} rows into {args.out / 'results.json'}; plots: "
+        f"{', '.join(p.name for p in plots) or 'none'}"
+    )
     print(report.table(all_rows))
     return 0
 

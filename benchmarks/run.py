@@ -26,14 +26,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
     p.add_argument("--suite", choices=["voxel", "graph", "all"], default="all")
     p.add_argument("--out", required=True, type=Path, help="directory for results.json and the plots")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="cuda also runs the graph suite's CPU cases (relconv vs PyG vs DGL on CPU)")
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cuda also runs the graph suite's CPU cases (relconv vs PyG vs DGL on CPU)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny sizes and few runs (CI smoke test)")
     p.add_argument("--cases", default="*", help="fnmatch pattern(s) over case names, comma-separated")
-    p.add_argument("--peers", default="all",
-                   help="comma-separated subset of: " + ",".join(sorted({*voxel_suite.PEERS, *graph_suite.PEERS})))
+    p.add_argument(
+        "--peers",
+        default="all",
+        help="comma-separated subset of: " + ",".join(sorted({*voxel_suite.PEERS, *graph_suite.PEERS})),
+    )
     p.add_argument("--runs", type=int, default=None, help="timed runs per case (default 20; tiny 3)")
-    p.add_argument("--warmup-seconds", type=float, default=None, help="minimum warm-up per case (default 0.3 s)")
+    p.add_argument(
+        "--warmup-seconds", type=float, default=None, help="minimum warm-up per case (default 0.3 s)"
+    )
     p.add_argument("--list", action="store_true", help="print the selected case names and exit")
     return p.parse_args(argv)
 
@@ -64,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
     timing = TimingConfig(
         warmup_runs=1 if args.tiny else 5,
-        warmup_seconds=args.warmup_seconds if args.warmup_seconds is not None else (0.0 if args.tiny else 0.3),
+        warmup_seconds=args.warmup_seconds
+        if args.warmup_seconds is not None
+        else (0.0 if args.tiny else 0.3),
         runs=args.runs or (3 if args.tiny else 20),
     )
     args.out.mkdir(parents=True, exist_ok=True)

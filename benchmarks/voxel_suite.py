@@ -68,21 +68,44 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
             for c in channels:
                 for dt in dtypes:
                     for mp, ps in MAP_PASSES:
-                        specs.append(dict(kind="layer", device=dev, workload=sweep, op=op, C=c, dtype=dt,
-                                          map=mp, pass_=ps))
+                        specs.append(
+                            dict(
+                                kind="layer",
+                                device=dev,
+                                workload=sweep,
+                                op=op,
+                                C=c,
+                                dtype=dt,
+                                map=mp,
+                                pass_=ps,
+                            )
+                        )
         for w in others:
             for op in OPS:
                 for mp, ps in MAP_PASSES:
-                    specs.append(dict(kind="layer", device=dev, workload=w, op=op, C=64, dtype="fp16",
-                                      map=mp, pass_=ps))
+                    specs.append(
+                        dict(
+                            kind="layer", device=dev, workload=w, op=op, C=64, dtype="fp16", map=mp, pass_=ps
+                        )
+                    )
         for w in (sweep, *others):
             for op in ("subm3", "down2", "down3"):
                 specs.append(dict(kind="map", device=dev, workload=w, op=op, dtype="fp32"))
         for width in widths:
             for dt in e2e_dtypes:
-                specs.append(dict(kind="e2e", device=dev, workload=sweep, width=width, mode="infer", dtype=dt))
-                specs.append(dict(kind="e2e", device=dev, workload="tiny2" if tiny else f"{sweep}b2",
-                                  width=width, mode="train", dtype=dt))
+                specs.append(
+                    dict(kind="e2e", device=dev, workload=sweep, width=width, mode="infer", dtype=dt)
+                )
+                specs.append(
+                    dict(
+                        kind="e2e",
+                        device=dev,
+                        workload="tiny2" if tiny else f"{sweep}b2",
+                        width=width,
+                        mode="train",
+                        dtype=dt,
+                    )
+                )
         if not tiny and dev == "cuda":
             for w in ("scan32", "scan128", "scan64x3", "indoor", "kitti-real"):
                 specs.append(dict(kind="e2e", device=dev, workload=w, width=1.0, mode="infer", dtype="fp16"))
@@ -112,13 +135,17 @@ def _scan_points(name: str) -> list[tuple[np.ndarray, np.ndarray]]:
         # approximated by the scan repeated 0.9 m apart along the road, as an aggregate after
         # ego-motion compensation would look.
         p, i = synthetic.raycast_scan(beams=64, seed=0)
-        return [(np.concatenate([p + np.array([0.9 * k, 0, 0], np.float32) for k in range(3)]), np.tile(i, 3))]
+        return [
+            (np.concatenate([p + np.array([0.9 * k, 0, 0], np.float32) for k in range(3)]), np.tile(i, 3))
+        ]
     if name == "indoor":
         p, colour = synthetic.indoor_room(seed=0)
         return [(p, colour.mean(1))]
     if name == "kitti-real":
         p, i = real.small_gicp_scans()["source"]
-        return [(p.numpy(), np.zeros(len(p), np.float32) if i is None else i.numpy() / max(1.0, float(i.max())))]
+        return [
+            (p.numpy(), np.zeros(len(p), np.float32) if i is None else i.numpy() / max(1.0, float(i.max())))
+        ]
     if name in ("tiny", "tiny2"):
         scans = []
         for seed in range(1 if name == "tiny" else 2):
@@ -183,9 +210,11 @@ def _reorder(values: torch.Tensor, keys: torch.Tensor, ref_keys: torch.Tensor) -
 def _layer_fn(spec: dict, make_output, params, inputs, upstream, device):
     """The timed function of a layer case: forward, or forward + backward of `upstream`."""
     if spec["pass_"] == "fwd":
+
         def fn(f):
             with torch.no_grad(), _precision(spec["dtype"], device):
                 return make_output(f)
+
         return fn
     for f in inputs:
         f.requires_grad_(True)
@@ -196,6 +225,7 @@ def _layer_fn(spec: dict, make_output, params, inputs, upstream, device):
                 p.grad = None
             f.grad = None
             make_output(f).backward(upstream)
+
     return fn
 
 
@@ -218,7 +248,8 @@ class LayerSetup:
         fine = VoxelTensor(torch.zeros(len(scene.coords), c, device=device, dtype=self.dtype), scene.coords)
         if transposed:
             down = Conv3d(c, c, 2, stride=2).to(device, self.dtype)
-            self.coarse = down(fine)
+            with torch.no_grad():
+                self.coarse = down(fine)  # its cache holds the fine sites and the strided map
             self.in_coords = self.coarse.coords
         else:
             self.in_coords = scene.coords
@@ -250,13 +281,15 @@ class LayerSetup:
             first = conv(make_input(self.inputs[0]))  # builds (and, for "cached", caches) the map
         self.out_keys = first.coords.long()
         upstream = _features(len(first.coords), spec["C"], self.dtype, self.device, seed=2, count=1)[0]
-        fn = _layer_fn(spec, lambda f: conv(make_input(f)).feats, [conv.weight], self.inputs, upstream,
-                       self.device)
+        fn = _layer_fn(
+            spec, lambda f: conv(make_input(f)).feats, [conv.weight], self.inputs, upstream, self.device
+        )
 
         def output():
             with torch.no_grad(), _precision(spec["dtype"], self.device):
                 out = conv(make_input(self.inputs[0]))
             return out.coords.long(), out.feats.float()
+
         return Prepared(fn=fn, inputs=self.inputs, output=output)
 
     def dense(self) -> Prepared:
@@ -273,7 +306,9 @@ class LayerSetup:
 
         def run(_):
             step = s if transposed else 1
-            grid = torch.zeros(self.scene.batch_size, spec["C"], *(hi // step + 1).tolist(), device=self.device)
+            grid = torch.zeros(
+                self.scene.batch_size, spec["C"], *(hi // step + 1).tolist(), device=self.device
+            )
             c = in_coords[:, 1:] // step
             grid[in_coords[:, 0], :, c[:, 0], c[:, 1], c[:, 2]] = f0
             if transposed:
@@ -297,11 +332,13 @@ class LayerSetup:
                 raise Unsupported("an inverse conv reuses its strided conv's map (no fresh build)")
             down = spconv_peer.layer("down2", c, c, key="k").to(self.device, self.dtype)
             zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
-            coarse = down(spconv_peer.sparse_tensor(zeros, scene.coords, scene.batch_size))
+            with torch.no_grad():
+                coarse = down(spconv_peer.sparse_tensor(zeros, scene.coords, scene.batch_size))
             inputs = [_reorder(f, self.in_coords.long(), spconv_peer.keys(coarse, 2)) for f in self.inputs]
 
             def make_input(f):
                 return coarse.replace_feature(f)
+
             out_stride = 1
         else:
             base = spconv_peer.sparse_tensor(self.inputs[0], scene.coords, scene.batch_size)
@@ -312,16 +349,19 @@ class LayerSetup:
                 if spec["map"] == "cached":
                     return base.replace_feature(f)
                 return spconv_peer.sparse_tensor(f, scene.coords, scene.batch_size)
+
         with torch.no_grad():
             first = layer(make_input(inputs[0]))
         upstream = _features(first.features.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
-        fn = _layer_fn(spec, lambda f: layer(make_input(f)).features, [layer.weight], inputs, upstream,
-                       self.device)
+        fn = _layer_fn(
+            spec, lambda f: layer(make_input(f)).features, [layer.weight], inputs, upstream, self.device
+        )
 
         def output():
             with torch.no_grad(), _precision(spec["dtype"], self.device):
                 out = layer(make_input(inputs[0]))
             return spconv_peer.keys(out, out_stride), out.features.float()
+
         note = "padding 1: outputs every coarse site in reach" if spec["op"] == "down3" else ""
         return Prepared(fn=fn, inputs=inputs, output=output, note=note)
 
@@ -335,7 +375,8 @@ class LayerSetup:
             down = wcn.layer("down2", c, c).to(self.device, self.dtype)
             zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
             fine = wcn.voxels(zeros, scene.coords, bs)
-            coarse = down(fine)
+            with torch.no_grad():
+                coarse = down(fine)
             coarse_coords = coarse.batch_indexed_coordinates.int()
             inputs = [_reorder(f, self.in_coords.long(), wcn.keys(coarse, 2)) for f in self.inputs]
 
@@ -347,6 +388,7 @@ class LayerSetup:
             def apply(f):
                 x, target = make_input(f)
                 return layer(x, output_spatially_sparse_tensor=target)
+
             out_stride = 1
         else:
             base = wcn.voxels(self.inputs[0], scene.coords, bs)
@@ -355,6 +397,7 @@ class LayerSetup:
             def apply(f):
                 x = base.replace_features(f) if spec["map"] == "cached" else wcn.voxels(f, scene.coords, bs)
                 return layer(x)
+
             out_stride = OPS[spec["op"]][1]
         with torch.no_grad():
             first = apply(inputs[0])
@@ -365,6 +408,7 @@ class LayerSetup:
             with torch.no_grad(), _precision(spec["dtype"], self.device):
                 out = apply(inputs[0])
             return wcn.keys(out, out_stride), out.feature_tensor.float()
+
         return Prepared(fn=fn, inputs=inputs, output=output)
 
 
@@ -378,8 +422,17 @@ def _layer_work(spec: dict, scene: Scene, device: torch.device, build_map: bool)
     lm = layer_map(x, (k, k, k), (s, s, s), (1, 1, 1))
     rmap = lm.rmap.transpose() if transposed else lm.rmap
     c, elem = spec.get("C", 0), DTYPES[spec["dtype"]].itemsize
-    return conv_layer_work(rmap.num_in, rmap.num_out, rmap.num_pairs, rmap.num_relations, c, c, elem,
-                           spec.get("pass_") == "fwd+bwd", build_map)
+    return conv_layer_work(
+        rmap.num_in,
+        rmap.num_out,
+        rmap.num_pairs,
+        rmap.num_relations,
+        c,
+        c,
+        elem,
+        spec.get("pass_") == "fwd+bwd",
+        build_map,
+    )
 
 
 def _map_case(spec: dict, scene: Scene, device: torch.device) -> Prepared:
@@ -395,6 +448,7 @@ def _map_case(spec: dict, scene: Scene, device: torch.device) -> Prepared:
     def output():
         rmap = fn(None)
         return None, torch.tensor([[rmap.num_in, rmap.num_out, rmap.num_pairs]], dtype=torch.float64)
+
     return Prepared(fn=fn, inputs=[None], output=output)
 
 
@@ -409,7 +463,9 @@ class E2ESetup:
         gen = torch.Generator().manual_seed(3)
         n = len(scene.coords)
         count = rotation_count(n * 4 * 4, device, limit=3)
-        self.inputs = [scene.feats + 0.01 * k * torch.randn(n, 4, generator=gen).to(device) for k in range(count)]
+        self.inputs = [
+            scene.feats + 0.01 * k * torch.randn(n, 4, generator=gen).to(device) for k in range(count)
+        ]
         self.labels = torch.randint(0, NUM_CLASSES, (n,), generator=gen).to(device)
 
     def _prepared(self, model: torch.nn.Module, make_input) -> Prepared:
@@ -440,6 +496,7 @@ class E2ESetup:
                 out = model(make_input(self.inputs[0])).float()
             model.train(was_training)
             return None, out
+
         return Prepared(fn=fn, inputs=self.inputs, output=output)
 
     def relconv(self) -> Prepared:
@@ -479,8 +536,9 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
     if spec["kind"] == "map":
         work = _layer_work(dict(spec, C=0), scene, device, build_map=True)
         work = (work[0], 0.0)
-        return run_case(meta, [("relconv", partial(_map_case, spec, scene, device))], device, timing,
-                        ceilings, work)
+        return run_case(
+            meta, [("relconv", partial(_map_case, spec, scene, device))], device, timing, ceilings, work
+        )
 
     try:
         setup = (LayerSetup if spec["kind"] == "layer" else E2ESetup)(spec, scene, device)
@@ -496,8 +554,10 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
     else:
         work = None
         impls = [("relconv", setup.relconv)]
-        peer_builders = [("spconv", lambda: setup.peer(spconv_peer.SpconvBackend())),
-                         ("warpconvnet", lambda: setup.peer(warpconvnet_peer.WarpConvNetBackend()))]
+        peer_builders = [
+            ("spconv", lambda: setup.peer(spconv_peer.SpconvBackend())),
+            ("warpconvnet", lambda: setup.peer(warpconvnet_peer.WarpConvNetBackend())),
+        ]
         tolerance = E2E_TOLERANCE
     for name, build in peer_builders:
         if name in peers:

@@ -10,8 +10,8 @@ its output agrees with the reference's, else its row says "mismatch". An impleme
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -97,9 +97,23 @@ def run_case(
     ref_name = None
     floor_ms = ceilings.floor_ms(work[0], work[1], meta["dtype"]) if work else None
     for name, build in impls:
-        row = dict(meta, impl=name, status="ok", median_ms=None, p20_ms=None, p80_ms=None, runs=0,
-                   peak_mem_mib=None, floor_ms=floor_ms, x_floor=None, bytes=work[0] if work else None,
-                   flops=work[1] if work else None, max_rel_err=None, agrees_with=None, note="")
+        row = dict(
+            meta,
+            impl=name,
+            status="ok",
+            median_ms=None,
+            p20_ms=None,
+            p80_ms=None,
+            runs=0,
+            peak_mem_mib=None,
+            floor_ms=floor_ms,
+            x_floor=None,
+            bytes=work[0] if work else None,
+            flops=work[1] if work else None,
+            max_rel_err=None,
+            agrees_with=None,
+            note="",
+        )
         try:
             prepared = build()
             row["note"] = prepared.note
@@ -120,8 +134,13 @@ def run_case(
                 rows.append(row)
                 continue
             t = measure(prepared.fn, prepared.inputs, device, timing)
-            row.update(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, runs=t.runs,
-                       peak_mem_mib=t.peak_mem_mib)
+            row.update(
+                median_ms=t.median_ms,
+                p20_ms=t.p20_ms,
+                p80_ms=t.p80_ms,
+                runs=t.runs,
+                peak_mem_mib=t.peak_mem_mib,
+            )
             if floor_ms:
                 row["x_floor"] = t.median_ms / floor_ms
             del prepared

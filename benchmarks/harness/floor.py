@@ -52,7 +52,7 @@ def measure_ceilings(device: torch.device, tiny: bool = False) -> Ceilings:
     copy_elems = (2**28 if cuda else 2**24) // (16 if tiny else 1)  # 1 GiB / 64 MiB of fp32
     src = torch.empty(copy_elems, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    ms = _best_ms(lambda: dst.copy_(src), device, reps=5 if tiny else 10)
+    ms = _best_ms(lambda s=src, d=dst: d.copy_(s), device, reps=5 if tiny else 10)
     copy_rate = 2 * src.numel() * src.element_size() / (ms * 1e-3)
     del src, dst
 
@@ -74,8 +74,15 @@ def measure_ceilings(device: torch.device, tiny: bool = False) -> Ceilings:
 
 
 def conv_layer_work(
-    num_in: int, num_out: int, num_pairs: int, num_relations: int, c_in: int, c_out: int, elem: int,
-    backward: bool, build_map: bool,
+    num_in: int,
+    num_out: int,
+    num_pairs: int,
+    num_relations: int,
+    c_in: int,
+    c_out: int,
+    elem: int,
+    backward: bool,
+    build_map: bool,
 ) -> tuple[float, float]:
     """Minimal (bytes, FLOPs) of one relational conv layer.
 
@@ -98,7 +105,13 @@ def conv_layer_work(
 
 
 def rgcn_layer_work(
-    num_nodes: int, num_edges: int, num_slots: int, num_relations: int, c_in: int, c_out: int, elem: int,
+    num_nodes: int,
+    num_edges: int,
+    num_slots: int,
+    num_relations: int,
+    c_in: int,
+    c_out: int,
+    elem: int,
     backward: bool,
 ) -> tuple[float, float]:
     """Minimal (bytes, FLOPs) of one R-GCN layer with a root weight.

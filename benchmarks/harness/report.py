@@ -8,8 +8,8 @@ import platform
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 
@@ -19,8 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 def _git_commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except OSError:
         return "unknown"
@@ -28,8 +31,12 @@ def _git_commit() -> str:
 
 def _driver() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -38,8 +45,9 @@ def _driver() -> str | None:
 def environment(device: torch.device, peers: dict[str, tuple[bool, str]], ceilings: dict) -> dict:
     """Everything needed to tell two result files apart."""
     env = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-        or platform.machine(),
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
         "device_type": device.type,
         "cpu_threads": torch.get_num_threads(),
         "driver": _driver() if device.type == "cuda" else None,
@@ -49,8 +57,10 @@ def environment(device: torch.device, peers: dict[str, tuple[bool, str]], ceilin
         "relconv_commit": _git_commit(),
         "peers": {name: {"available": ok, "version_or_reason": info} for name, (ok, info) in peers.items()},
         "ceilings": {
-            dev: {"copy_GBps": c.copy_bytes_per_s / 1e9,
-                  "gemm_TFLOPs": {k: v / 1e12 for k, v in c.gemm_flops_per_s.items()}}
+            dev: {
+                "copy_GBps": c.copy_bytes_per_s / 1e9,
+                "gemm_TFLOPs": {k: v / 1e12 for k, v in c.gemm_flops_per_s.items()},
+            }
             for dev, c in ceilings.items()
         },
     }
@@ -137,7 +147,7 @@ def plot(rows: list[dict], out_dir: Path) -> list[Path]:
 
 
 def _word(status: str) -> str:
-    """"missing: <why>" -> "missing" (the JSON keeps the reason)."""
+    """ "missing: <why>" -> "missing" (the JSON keeps the reason)."""
     return status.split(":")[0][:14]
 
 
@@ -148,7 +158,9 @@ def _fmt(v, spec: str) -> str:
 def table(rows: list[dict]) -> str:
     """Per suite, one line per case: relconv's time, its multiple of the floor, each peer's time
     (with relconv's speedup over it) or status."""
-    return "\n\n".join(_suite_table([r for r in rows if r["suite"] == s]) for s in sorted({r["suite"] for r in rows}))
+    return "\n\n".join(
+        _suite_table([r for r in rows if r["suite"] == s]) for s in sorted({r["suite"] for r in rows})
+    )
 
 
 def _suite_table(rows: list[dict]) -> str:
@@ -158,13 +170,16 @@ def _suite_table(rows: list[dict]) -> str:
         by_case[r["case"]][r["impl"]] = r
     width = max([len(c) for c in by_case] + [4])
     head = f"{'case':<{width}}  {'relconv ms':>10} {'xfloor':>7} {'peak MiB':>8}" + "".join(
-        f" {p[:14]:>14}" for p in peers)
+        f" {p[:14]:>14}" for p in peers
+    )
     lines = [head, "-" * len(head)]
     for case, impls in by_case.items():
         rc = impls.get("relconv", {})
         cell = _fmt(rc.get("median_ms"), ".3f") if rc.get("status") == "ok" else _word(rc.get("status", "-"))
-        line = f"{case:<{width}}  {cell:>10} {_fmt(rc.get('x_floor'), '.1f'):>7} " \
-               f"{_fmt(rc.get('peak_mem_mib'), '.0f'):>8}"
+        line = (
+            f"{case:<{width}}  {cell:>10} {_fmt(rc.get('x_floor'), '.1f'):>7} "
+            f"{_fmt(rc.get('peak_mem_mib'), '.0f'):>8}"
+        )
         for p in peers:
             r = impls.get(p)
             if r is None:

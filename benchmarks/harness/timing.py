@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -87,8 +87,10 @@ def measure(
 
     times: list[float] = []
     if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(config.runs)]
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(config.runs)
+        ]
         for r, (a, b) in enumerate(events):
             a.record()
             fn(inputs[(i + r) % n])

@@ -49,15 +49,22 @@ def mean_norm(edge_index: torch.Tensor, edge_type: torch.Tensor, num_nodes: int)
     return (1.0 / counts[inverse].float()).unsqueeze(1)
 
 
-def rgcn_layer(state_dict: dict, in_channels: int, out_channels: int, num_relations: int,
-               num_bases: int | None = None) -> torch.nn.Module:
+def rgcn_layer(
+    state_dict: dict, in_channels: int, out_channels: int, num_relations: int, num_bases: int | None = None
+) -> torch.nn.Module:
     """RelGraphConv with relconv's RGCNConv weights (root -> self loop, bias -> h_bias)."""
     _import_dgl()
     from dgl.nn.pytorch import RelGraphConv
 
-    layer = RelGraphConv(in_channels, out_channels, num_relations,
-                         regularizer="basis" if num_bases else None, num_bases=num_bases,
-                         bias="bias" in state_dict, self_loop="root" in state_dict)
+    layer = RelGraphConv(
+        in_channels,
+        out_channels,
+        num_relations,
+        regularizer="basis" if num_bases else None,
+        num_bases=num_bases,
+        bias="bias" in state_dict,
+        self_loop="root" in state_dict,
+    )
     with torch.no_grad():
         layer.linear_r.W.copy_(state_dict["weight"])
         if num_bases:

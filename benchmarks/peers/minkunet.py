@@ -24,7 +24,9 @@ class Backend:
         """The peer's sparse tensor of `feats` [N, C] at int32 (b, x, y, z) `coords`, x, y, z >= 0."""
         raise NotImplementedError
 
-    def conv(self, cin: int, cout: int, kernel_size: int, stride: int, transposed: bool, key: str) -> nn.Module:
+    def conv(
+        self, cin: int, cout: int, kernel_size: int, stride: int, transposed: bool, key: str
+    ) -> nn.Module:
         raise NotImplementedError
 
     def run_conv(self, conv: nn.Module, x, target=None):
@@ -37,7 +39,9 @@ class Backend:
     def replace(self, x, feats: torch.Tensor):
         raise NotImplementedError
 
-    def load_conv_weight(self, conv: nn.Module, weight: torch.Tensor, kernel_size: tuple[int, int, int]) -> None:
+    def load_conv_weight(
+        self, conv: nn.Module, weight: torch.Tensor, kernel_size: tuple[int, int, int]
+    ) -> None:
         raise NotImplementedError
 
 
@@ -88,22 +92,36 @@ class PeerMinkUNet(nn.Module):
         super().__init__()
         self.be = be
         cs = [max(1, int(round(c * width))) for c in BASE_CHANNELS]
-        self.stem = nn.ModuleList([ConvBNReLU(be, in_channels, cs[0], 3, 1, False, "subm0"),
-                                   ConvBNReLU(be, cs[0], cs[0], 3, 1, False, "subm0")])
+        self.stem = nn.ModuleList(
+            [
+                ConvBNReLU(be, in_channels, cs[0], 3, 1, False, "subm0"),
+                ConvBNReLU(be, cs[0], cs[0], 3, 1, False, "subm0"),
+            ]
+        )
         self.down = nn.ModuleList()
         for i in range(4):
-            self.down.append(nn.ModuleList([
-                ConvBNReLU(be, cs[i], cs[i], 2, 2, False, f"down{i}"),
-                Residual(be, cs[i], cs[i + 1], f"subm{i + 1}"),
-                Residual(be, cs[i + 1], cs[i + 1], f"subm{i + 1}"),
-            ]))
+            self.down.append(
+                nn.ModuleList(
+                    [
+                        ConvBNReLU(be, cs[i], cs[i], 2, 2, False, f"down{i}"),
+                        Residual(be, cs[i], cs[i + 1], f"subm{i + 1}"),
+                        Residual(be, cs[i + 1], cs[i + 1], f"subm{i + 1}"),
+                    ]
+                )
+            )
         self.up = nn.ModuleList()
         self.fuse = nn.ModuleList()
         for i in range(4):
             cin, cout, skip = cs[4 + i], cs[5 + i], cs[3 - i]
             self.up.append(ConvBNReLU(be, cin, cout, 2, 2, True, f"down{3 - i}"))
-            self.fuse.append(nn.ModuleList([Residual(be, cout + skip, cout, f"subm{3 - i}"),
-                                            Residual(be, cout, cout, f"subm{3 - i}")]))
+            self.fuse.append(
+                nn.ModuleList(
+                    [
+                        Residual(be, cout + skip, cout, f"subm{3 - i}"),
+                        Residual(be, cout, cout, f"subm{3 - i}"),
+                    ]
+                )
+            )
         self.classifier = nn.Linear(cs[8], num_classes)
 
     def forward(self, x) -> torch.Tensor:
@@ -114,7 +132,7 @@ class PeerMinkUNet(nn.Module):
         for conv, res1, res2 in self.down:
             skips.append(res2(res1(conv(skips[-1]))))
         y = skips.pop()
-        for up, (res1, res2) in zip(self.up, self.fuse):
+        for up, (res1, res2) in zip(self.up, self.fuse, strict=False):
             skip = skips.pop()
             y = up(y, target=skip)
             y = be.replace(y, torch.cat([be.feats(y), be.feats(skip)], 1))
@@ -135,7 +153,7 @@ def copy_weights(relconv_model: nn.Module, peer: PeerMinkUNet) -> None:
     if len(src) != len(dst):
         raise RuntimeError(f"relconv MinkUNet has {len(src)} parameter modules, the peer's {len(dst)}")
     with torch.no_grad():
-        for a, b in zip(src, dst):
+        for a, b in zip(src, dst, strict=False):
             if isinstance(a, Conv3d):
                 if isinstance(b, Pointwise):
                     b.weight.copy_(a.weight)
@@ -147,4 +165,3 @@ def copy_weights(relconv_model: nn.Module, peer: PeerMinkUNet) -> None:
                 b.load_state_dict(a.state_dict())
             else:
                 raise RuntimeError(f"module order differs: {type(a).__name__} vs {type(b).__name__}")
-

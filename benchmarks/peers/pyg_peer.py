@@ -18,8 +18,15 @@ def available() -> tuple[bool, str]:
     return True, torch_geometric.__version__
 
 
-def rgcn_layer(kind: str, state_dict: dict, in_channels: int, out_channels: int, num_relations: int,
-               aggr: str, num_bases: int | None = None) -> torch.nn.Module:
+def rgcn_layer(
+    kind: str,
+    state_dict: dict,
+    in_channels: int,
+    out_channels: int,
+    num_relations: int,
+    aggr: str,
+    num_bases: int | None = None,
+) -> torch.nn.Module:
     """`kind` "RGCNConv" or "FastRGCNConv", loaded with relconv's layer's state_dict."""
     from torch_geometric import nn as pyg_nn
 

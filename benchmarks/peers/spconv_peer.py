@@ -77,8 +77,9 @@ class SpconvBackend(Backend):
         if stride == 1:
             import spconv.pytorch as spconv
 
-            return spconv.SubMConv3d(cin, cout, kernel_size, padding=kernel_size // 2, bias=False,
-                                     indice_key=key)
+            return spconv.SubMConv3d(
+                cin, cout, kernel_size, padding=kernel_size // 2, bias=False, indice_key=key
+            )
         return layer("down2", cin, cout, key)
 
     def run_conv(self, conv, x, target=None):

@@ -18,9 +18,22 @@ from relconv.datasets import DataUnavailable, fetch_member
 
 __all__ = ["DataUnavailable", "movielens_kg", "read_ply", "small_gicp_scans"]
 
-_PLY_TYPES = {"float": "<f4", "float32": "<f4", "double": "<f8", "float64": "<f8", "uchar": "u1",
-              "uint8": "u1", "char": "i1", "int8": "i1", "short": "<i2", "ushort": "<u2", "int": "<i4",
-              "int32": "<i4", "uint": "<u4", "uint32": "<u4"}
+_PLY_TYPES = {
+    "float": "<f4",
+    "float32": "<f4",
+    "double": "<f8",
+    "float64": "<f8",
+    "uchar": "u1",
+    "uint8": "u1",
+    "char": "i1",
+    "int8": "i1",
+    "short": "<i2",
+    "ushort": "<u2",
+    "int": "<i4",
+    "int32": "<i4",
+    "uint": "<u4",
+    "uint32": "<u4",
+}
 
 
 def read_ply(path) -> dict[str, np.ndarray]:
@@ -76,6 +89,7 @@ def movielens_kg():
 
     Returns (edge_index [2, E] int64, edge_type [E] int64, num_nodes, num_relations, relation_names).
     """
+
     def member(name):
         return fetch_member("recbole", "1.2.1", f"dataset_example/ml-100k/{name}", sdist=False)
 

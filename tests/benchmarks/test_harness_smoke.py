@@ -13,8 +13,24 @@ pytest.importorskip("matplotlib")
 from benchmarks import run  # noqa: E402
 from benchmarks.harness.bench import TOLERANCE  # noqa: E402
 
-FIELDS = {"suite", "case", "impl", "status", "dtype", "median_ms", "p20_ms", "p80_ms", "runs", "peak_mem_mib",
-          "floor_ms", "x_floor", "bytes", "flops", "max_rel_err", "agrees_with"}
+FIELDS = {
+    "suite",
+    "case",
+    "impl",
+    "status",
+    "dtype",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "runs",
+    "peak_mem_mib",
+    "floor_ms",
+    "x_floor",
+    "bytes",
+    "flops",
+    "max_rel_err",
+    "agrees_with",
+}
 
 
 def _run(tmp_path, *args) -> dict:
@@ -39,12 +55,21 @@ def test_graph_suite_agrees_with_pyg(tmp_path):
         assert pyg["max_rel_err"] <= TOLERANCE[pyg["dtype"]]
         if data["environment"]["peers"]["dgl"]["available"]:
             assert by_impl["dgl"]["status"] == "ok", by_impl["dgl"]
-    assert (tmp_path / "speedup_graph_cpu_layer.png").exists() and (tmp_path / "floor_graph_cpu_layer.png").exists()
+    assert (tmp_path / "speedup_graph_cpu_layer.png").exists() and (
+        tmp_path / "floor_graph_cpu_layer.png"
+    ).exists()
 
 
 def test_voxel_suite_agrees_with_dense_conv(tmp_path):
-    data = _run(tmp_path, "--suite", "voxel", "--peers", "spconv,warpconvnet",
-                "--cases", "*/layer/*/fwd,*/map/*,*/e2e/*/infer/*")
+    data = _run(
+        tmp_path,
+        "--suite",
+        "voxel",
+        "--peers",
+        "spconv,warpconvnet",
+        "--cases",
+        "*/layer/*/fwd,*/map/*,*/e2e/*/infer/*",
+    )
     rows = data["rows"]
     assert rows and all(FIELDS <= set(r) for r in rows)
     layer_cases = {r["case"] for r in rows if "/layer/" in r["case"]}
@@ -58,7 +83,9 @@ def test_voxel_suite_agrees_with_dense_conv(tmp_path):
         assert by_impl["relconv"]["x_floor"] > 0
         # Peers are CUDA-only wheels: on a CPU machine they are reported, not failed.
         for peer in ("spconv", "warpconvnet"):
-            assert by_impl[peer]["status"].split(":")[0] in ("ok", "missing", "unsupported", "error"), by_impl[peer]
+            assert by_impl[peer]["status"].split(":")[0] in ("ok", "missing", "unsupported", "error"), (
+                by_impl[peer]
+            )
     assert any(r["case"].endswith("/map/tiny/subm3") and r["status"] == "ok" for r in rows)
     assert any("/e2e/" in r["case"] and r["impl"] == "relconv" and r["status"] == "ok" for r in rows)
 
