@@ -15,6 +15,7 @@
 
 #include "common/checks.h"
 #include "cuda/conv_forward.cuh"
+#include "cuda/conv_forward_table.cuh"
 #include "cuda/conv_weight_grad.cuh"
 #include "cuda/tile_schedule.cuh"
 
@@ -112,6 +113,80 @@ void forward_by_width(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& 
   }
 }
 
+// ---------------------------------------------------------------- forward over a neighbour table
+
+template <typename T, typename Idx, typename Cfg, bool kTensorCores>
+void launch_forward_table(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
+  const int64_t row_tiles = (a.num_out + Cfg::BM - 1) / Cfg::BM;
+  TORCH_CHECK(row_tiles <= std::numeric_limits<int32_t>::max(), "relconv: ", a.num_out,
+              " output rows need more than 2^31 - 1 thread blocks");
+  a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
+  const int64_t y = int64_t{a.n_tiles} * a.groups;
+  check_grid_y(y);
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y));
+  if constexpr (kTensorCores) {
+    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
+    cuda::conv_forward_table_wmma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN>
+        <<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN);
+    cuda::conv_forward_table_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN>
+        <<<grid, kThreads, 0, stream>>>(a);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Output rows are owned by one block each, so there is no atomic traffic to amortise with tall
+// tiles: narrow outputs use 64-row tiles too (more blocks, and a finer grain for skipping relations).
+template <typename T, typename Idx>
+void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    if (a.cout_g <= 32) return launch_forward_table<T, Idx, Tiles<64, 32, 32, 16, 32>, true>(a, stream);
+    if (a.cout_g <= 64) return launch_forward_table<T, Idx, Tiles<64, 64, 32, 32, 32>, true>(a, stream);
+    return launch_forward_table<T, Idx, Tiles<64, 128, 32, 32, 64>, true>(a, stream);
+  } else {
+    if (a.cout_g <= 32) return launch_forward_table<T, Idx, Tiles<64, 32, 16, 2, 4>, false>(a, stream);
+    if (a.cout_g <= 64) return launch_forward_table<T, Idx, Tiles<64, 64, 16, 4, 4>, false>(a, stream);
+    return launch_forward_table<T, Idx, Tiles<64, 128, 16, 4, 8>, false>(a, stream);
+  }
+}
+
+// The output-stationary path (see conv_forward_table.cuh); writes every output element itself.
+at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& table,
+                                      const ConvShape& s, int64_t num_out) {
+  if (num_out == 0 || s.cout_g == 0) return at::empty({num_out, s.groups * s.cout_g}, x.options());
+  if (s.num_pairs == 0 || s.cin_g == 0 || s.num_relations == 0) {
+    return at::zeros({num_out, s.groups * s.cout_g}, x.options());
+  }
+  TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
+                  s.groups <= std::numeric_limits<int32_t>::max(),
+              "relconv CUDA kernels: channel counts must fit int32");
+  at::Tensor out = at::empty({num_out, s.groups * s.cout_g}, x.options());
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), tc = table.contiguous();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_types(x.scalar_type(), table.scalar_type(), [&](auto t, auto i) {
+    using T = decltype(t);
+    using Idx = decltype(i);
+    constexpr int V = cuda::kVecElems<T>;
+    cuda::ConvTableArgs<T, Idx> a{};
+    a.x = ptr<T>(xc);
+    a.weight = ptr<T>(wc);
+    a.table = ptr<Idx>(tc);
+    a.out = reinterpret_cast<T*>(out.mutable_data_ptr());
+    a.num_in = x.size(0);
+    a.num_out = num_out;
+    a.num_relations = s.num_relations;
+    a.groups = static_cast<int>(s.groups);
+    a.cin_g = static_cast<int>(s.cin_g);
+    a.cout_g = static_cast<int>(s.cout_g);
+    a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
+    a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
+    a.vec_out = s.cout_g % V == 0 && aligned16(a.out);
+    forward_table_by_width<T, Idx>(a, stream);
+  });
+  return out;
+}
+
 at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                 const std::optional<at::Tensor>& scale, int64_t num_out,
@@ -119,7 +194,9 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
+  check_neighbor_table(neighbor_table, in_index, scale, num_out, s.num_relations);
   const c10::cuda::CUDAGuard guard(x.device());
+  if (neighbor_table.has_value()) return relational_conv_table_cuda(x, weight, *neighbor_table, s, num_out);
   const auto acc = acc_dtype(x.scalar_type());
   // float32/float64 accumulate straight into the output; half/bfloat16 into an fp32 buffer, cast at the end.
   at::Tensor out = at::zeros({num_out, s.groups * s.cout_g}, x.options().dtype(acc));

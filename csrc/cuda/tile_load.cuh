@@ -72,4 +72,46 @@ struct NoScale {
   __device__ __forceinline__ float operator()(int) const { return 1.f; }
 };
 
+// Asynchronous form of load_rows' vector path (row-major, unscaled): cp.async (sm_80+) copies the
+// 16-byte chunks into shared memory without staging them in registers, so the gather of the next
+// tile overlaps the MMA of the current one. Out-of-range chunks are zero-filled by the copy itself
+// (source size 0; the source address is then never read but must still be a valid pointer).
+// Same preconditions as load_rows with `vec`; callers take load_rows when they do not hold.
+// Completion: cp_async_commit() after the tile's copies, cp_async_wait<N>() then __syncthreads().
+// Before sm_80 this is a plain synchronous load_rows.
+template <typename T, int ROWS, int COLS, int THREADS, typename RowOffset>
+__device__ __forceinline__ void load_rows_async(T* __restrict__ dst, int ld, const T* __restrict__ src,
+                                                RowOffset row_offset, int col0, int col_limit) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int V = kVecElems<T>;
+  static_assert(COLS % V == 0, "tile width must be a whole number of 16-byte vectors");
+  constexpr int kChunks = COLS / V;
+#pragma unroll
+  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += THREADS) {
+    const int i = idx / kChunks, c = (idx % kChunks) * V;
+    const int64_t off = row_offset(i);
+    const bool in = off >= 0 && col0 + c < col_limit;
+    const T* from = in ? src + off + col0 + c : src;
+    const auto to = static_cast<unsigned>(__cvta_generic_to_shared(dst + i * ld + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0));
+  }
+#else
+  load_rows<T, ROWS, COLS, THREADS, false, false>(dst, ld, src, row_offset, NoScale{}, col0, col_limit, true);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
 }  // namespace relconv::cuda
