@@ -126,7 +126,11 @@ def _scan_points(name: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """Point clouds (points [N, 3], intensity [N]) of a workload, one per batch sample."""
     from relconv.voxel import synthetic
 
-    if name in ("scan32", "scan64", "scan128"):
+    if name == "scan32":
+        # HDL-32E-like: +10.67 .. -30.67 deg vertical field of view, ~0.5 deg azimuth steps: ~20k
+        # voxels at 0.05 m (the default 1800 steps of the 64-beam sensor would give ~38k).
+        return [synthetic.raycast_scan(beams=32, seed=0, fov_up=10.67, fov_down=-30.67, azimuth_steps=720)]
+    if name in ("scan64", "scan128"):
         return [synthetic.raycast_scan(beams=int(name[4:]), seed=0)]
     if name == "scan64b2":
         return [synthetic.raycast_scan(beams=64, seed=0), synthetic.raycast_scan(beams=64, seed=1)]
