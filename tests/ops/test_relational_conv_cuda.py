@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from relconv import relational_conv
+from relconv import RelationalMap, relational_conv
+from relconv.ops.reference import relational_conv_reference
 from tests.conftest import requires_cuda
 from tests.ops.maps import TOLERANCE, random_map, rel_error
 
@@ -70,10 +71,93 @@ def test_atomic_collisions_many_pairs_per_slot():
     oi = torch.arange(n_out).repeat_interleave(fan_in * 2)
     rel = torch.arange(2).repeat_interleave(fan_in).repeat(n_out)
     ii = torch.randint(0, 300, (oi.numel(),))
-    from relconv import RelationalMap
-
     cpu_map = RelationalMap.from_triples(ii, oi, rel, 300, n_out, 2)
     x = torch.randn(300, 40, dtype=torch.float32)
     w = torch.randn(2, 40, 24, dtype=torch.float32)
     ref = relational_conv(x, w, cpu_map)
     assert rel_error(relational_conv(x.cuda(), w.cuda(), cpu_map.to("cuda")), ref) < 1e-5
+
+
+# ---------------------------------------------------------------------------- neighbour-table path
+# Maps with at most one input per (output, relation) slot carry `unique_slots`; the CUDA forward
+# then runs output-stationary over `rmap.neighbor_table()` (no atomics). The backward still runs the
+# pair-list kernels, so the gradient checks cover the mix.
+def unique_slot_map(
+    num_in: int, num_out: int, num_relations: int, density: float, index_dtype: torch.dtype, seed: int = 0
+) -> RelationalMap:
+    """Random unique-slot map on CUDA: each (relation, output) slot holds one random input with
+    probability `density`. Relation 0 is empty and relation 1 only feeds the first 10 outputs, so
+    whole output tiles have no neighbour in some relations (the kernel's skip path)."""
+    g = torch.Generator().manual_seed(seed)
+    filled = torch.rand(num_relations, num_out, generator=g) < density
+    filled[0] = False
+    filled[1, 10:] = False
+    relation, out = filled.nonzero(as_tuple=True)  # grouped by relation, sorted by output
+    inp = torch.randint(0, num_in, (out.numel(),), generator=g)
+    rel_ptr = torch.zeros(num_relations + 1, dtype=torch.int64)
+    torch.cumsum(filled.sum(1), 0, out=rel_ptr[1:])
+    rmap = RelationalMap(
+        inp.to(index_dtype), out.to(index_dtype), rel_ptr, num_in, num_out, unique_slots=True
+    )
+    return rmap.to("cuda")
+
+
+def grouped_weight(num_relations, groups, cin_g, cout_g, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    shape = (num_relations, cin_g, cout_g) if groups == 1 else (num_relations, groups, cin_g, cout_g)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) / cin_g**0.5).to("cuda", dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("groups", [1, 2])
+# Per-group channels: odd widths (scalar loads), 64 (16-byte / cp.async loads), 40 (vector loads
+# with a partial last K chunk), 130 (two output-channel tiles, partial K chunk).
+@pytest.mark.parametrize("cin_g,cout_g", [(3, 17), (17, 3), (64, 64), (40, 24), (130, 130)])
+def test_neighbor_table_forward_and_gradients(dtype, index_dtype, groups, cin_g, cout_g):
+    rmap = unique_slot_map(300, 333, 27, 0.3, index_dtype)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(300, groups * cin_g, generator=g, dtype=torch.float64).to("cuda", dtype)
+    w = grouped_weight(27, groups, cin_g, cout_g, dtype)
+    xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+    out = relational_conv(xo, wo, rmap, groups=groups)
+    ref = relational_conv_reference(xr, wr, rmap, groups=groups)
+    assert out.dtype == dtype and out.shape == (333, groups * cout_g)
+    assert rel_error(out, ref) < TOLERANCE[dtype]
+    # Outputs without any neighbour are written as exact zeros (there is no zero-filled buffer).
+    assert not out[rmap.neighbor_table().lt(0).all(1)].any()
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64).to("cuda")
+    gxo, gwo = torch.autograd.grad(out, (xo, wo), grad.to(dtype))
+    gxr, gwr = torch.autograd.grad(ref, (xr, wr), grad)
+    assert rel_error(gxo, gxr) < TOLERANCE[dtype]
+    assert rel_error(gwo, gwr) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_neighbor_table_forward_is_deterministic_and_matches_pair_lists(dtype):
+    rmap = unique_slot_map(4000, 5000, 27, 0.25, torch.int32)
+    x = torch.randn(4000, 64, device="cuda").to(dtype)
+    w = grouped_weight(27, 1, 64, 96, dtype)
+    first = relational_conv(x, w, rmap)
+    for _ in range(3):
+        assert torch.equal(relational_conv(x, w, rmap), first)
+    # The same pairs without the table take the atomic pair-list kernel.
+    pairs = RelationalMap(rmap.in_index, rmap.out_index, rmap.rel_ptr, rmap.num_in, rmap.num_out)
+    assert rel_error(first, relational_conv(x, w, pairs)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_neighbor_table_sparse_and_degenerate_maps(dtype):
+    # Strided/transposed-like density: most (tile, relation) steps are skipped.
+    rmap = unique_slot_map(500, 700, 27, 0.02, torch.int64)
+    x = torch.randn(500, 32, device="cuda").to(dtype)
+    w = grouped_weight(27, 1, 32, 32, dtype)
+    ref = relational_conv_reference(x.double(), w.double(), rmap)
+    assert rel_error(relational_conv(x, w, rmap), ref) < TOLERANCE[dtype]
+    # No pairs at all: zeros; no outputs: an empty result.
+    empty = unique_slot_map(500, 700, 27, 0.0, torch.int32)
+    out = relational_conv(x, w, empty)
+    assert out.shape == (700, 32) and not out.any()
+    none = unique_slot_map(500, 0, 27, 0.5, torch.int32)
+    assert relational_conv(x, w, none).shape == (0, 32)
