@@ -10,6 +10,8 @@ declare -A STEPS=(
   [test]="python -m pytest -q -m cuda tests -p no:cacheprovider"
   [test-all]="python -m pytest -q tests -p no:cacheprovider"
   [bench-ops]="python benchmarks/ops/bench_relational_conv.py --device cuda --out $OUT/ops"
+  [bench-voxel]="python benchmarks/voxel/bench_layers.py --device cuda --out $OUT/voxel"
+  [wait]="wait"
 )
 status=0
 for step in "$@"; do
@@ -18,6 +20,7 @@ for step in "$@"; do
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
     python -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    rm "$OUT/build.log"  # $OUT returns few files; the log matters only on failure
   else
     cmd=${STEPS[$step]:-$step}
     eval "$cmd" >"$OUT/$step.log" 2>&1 || status=1
