@@ -11,7 +11,6 @@ declare -A STEPS=(
   [test-all]="python -m pytest -q tests -p no:cacheprovider"
   [bench-ops]="python benchmarks/ops/bench_relational_conv.py --device cuda --out $OUT/ops"
   [bench-voxel]="python benchmarks/voxel/bench_layers.py --device cuda --out $OUT/voxel"
-  [wait]="wait"
 )
 status=0
 for step in "$@"; do

@@ -278,10 +278,11 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
         ctx["graph_key"] = key
         try:
             ctx["graph"] = load_graph(spec["graph"], device)
-        except real.DataUnavailable as err:
+        except Exception as err:  # data absent offline, or a generator failure: this case's row says so
             ctx["graph"] = err
-    if isinstance(ctx["graph"], real.DataUnavailable):
-        return [dict(meta, impl="relconv", status=f"unavailable: {ctx['graph']}"[:300])]
+    if isinstance(ctx["graph"], Exception):
+        err = ctx["graph"]
+        return [dict(meta, impl="relconv", status=f"unavailable: {type(err).__name__}: {err}"[:300])]
     g: Graph = ctx["graph"]
     meta.update(num_nodes=g.num_nodes, num_edges=int(g.edge_index.shape[1]), num_relations=g.num_relations)
 
