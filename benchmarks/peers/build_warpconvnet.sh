@@ -42,7 +42,8 @@ print("import ok")
 PY
 
 mkdir -p "$OUT"
-tar -C "$WORK/site" -cf - warpconvnet warpconvnet-*.dist-info | xz -T0 -9 > "$WORK/warpconvnet_built.tar.xz"
+# The installed metadata folder's name varies with the build backend, so pack whatever is there.
+(cd "$WORK/site" && tar -cf - warpconvnet*) | xz -T0 -9 > "$WORK/warpconvnet_built.tar.xz"
 size=$(stat -c %s "$WORK/warpconvnet_built.tar.xz")
 if [ "$size" -le $((16 * 1024 * 1024)) ]; then
   cp "$WORK/warpconvnet_built.tar.xz" "$OUT/"

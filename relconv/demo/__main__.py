@@ -5,7 +5,11 @@ import importlib
 
 import torch
 
-PARTS = {"ops": "relconv.demo.ops_demo", "voxel": "relconv.demo.voxel_demo"}
+PARTS = {
+    "ops": "relconv.demo.ops_demo",
+    "voxel": "relconv.demo.voxel_demo",
+    "graph": "relconv.demo.graph_demo",
+}
 
 
 def main() -> None:

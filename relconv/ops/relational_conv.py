@@ -85,8 +85,15 @@ def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int 
 
 
 def _output_stationary_table(rmap: RelationalMap, x: Tensor) -> Tensor | None:
-    """The neighbour table when the CUDA kernel can run output-stationary (no atomics), else None."""
+    """The neighbour table when the CUDA kernel should run output-stationary, else None.
+
+    Output-stationary needs at most one input per slot and no scale. On an H200 it matches the
+    atomic pair path for fp16/bf16 (tensor cores; deterministic, no fp32 scratch buffer) but its
+    SIMT fp32/fp64 variant was 2.5x slower (benchmarks/results/ops), so those keep the pair path.
+    """
     if x.device.type != "cuda" or not rmap.unique_slots or rmap.scale is not None:
+        return None
+    if x.dtype not in (torch.float16, torch.bfloat16):
         return None
     return rmap.neighbor_table()
 
