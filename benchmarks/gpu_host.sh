@@ -9,8 +9,8 @@ export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_
 declare -A STEPS=(
   [test]="python -m pytest -q -m cuda tests -p no:cacheprovider"
   [test-all]="python -m pytest -q tests -p no:cacheprovider"
-  [bench-ops]="python benchmarks/ops/bench_relational_conv.py --device cuda --out $OUT/ops"
-  [bench-voxel]="python benchmarks/voxel/bench_layers.py --device cuda --out $OUT/voxel"
+  [bench-ops]="python -m benchmarks.ops.bench_relational_conv --device cuda --out $OUT/ops"
+  [bench-voxel]="python -m benchmarks.voxel.bench_layers --device cuda --out $OUT/voxel"
 )
 status=0
 for step in "$@"; do

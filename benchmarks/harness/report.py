@@ -16,7 +16,9 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
+    """HEAD of the checkout (`-dirty` with uncommitted changes); copies of the tree without .git
+    (the GPU host) pass it in $RELCONV_COMMIT."""
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
         dirty = subprocess.run(
@@ -24,9 +26,11 @@ def _git_commit() -> str:
             capture_output=True,
             text=True,
         ).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+        if out.returncode == 0:
+            return out.stdout.strip() + ("-dirty" if dirty else "")
     except OSError:
-        return "unknown"
+        pass
+    return os.environ.get("RELCONV_COMMIT", "unknown")
 
 
 def _driver() -> str | None:
@@ -54,7 +58,7 @@ def environment(device: torch.device, peers: dict[str, tuple[bool, str]], ceilin
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
-        "relconv_commit": _git_commit(),
+        "relconv_commit": git_commit(),
         "peers": {name: {"available": ok, "version_or_reason": info} for name, (ok, info) in peers.items()},
         "ceilings": {
             dev: {

@@ -8,8 +8,8 @@ row checks agreement with `relational_conv_reference` before timing, then report
 the op and of the reference, and the physical floor: max(minimal bytes / measured copy bandwidth,
 FLOPs / measured dense-matmul rate), both ceilings measured in the same run.
 
-    python benchmarks/ops/bench_relational_conv.py                      # GPU, full sizes
-    python benchmarks/ops/bench_relational_conv.py --device cpu --tiny  # CI smoke (< 30 s)
+    python -m benchmarks.ops.bench_relational_conv                      # GPU, full sizes
+    python -m benchmarks.ops.bench_relational_conv --device cpu --tiny  # CI smoke (< 30 s)
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 import torch
 
 import relconv
+from benchmarks.harness.report import git_commit
 from relconv import RelationalMap
 from relconv.core.relational_map import index_dtype_for
 from relconv.ops.reference import relational_conv_reference
@@ -262,13 +261,7 @@ def bench_row(
 
 # ---------------------------------------------------------------------------- main
 def environment(device: torch.device) -> dict:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        # Copies of the tree without .git (the GPU host) pass the commit in the environment.
-        commit = os.environ.get("RELCONV_COMMIT")
+    commit = git_commit()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     return {
         "device": name,

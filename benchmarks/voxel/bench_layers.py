@@ -6,8 +6,8 @@ plus the map build alone. Each layer row first checks agreement with the pure-Py
 on the same map. Models: MinkUNet inference (batch 1, eval, no_grad) at width 1.0 and 0.5, fp16 and
 fp32, fresh maps per run. CUDA events, warm-up, median of >= 20 runs. JSON goes to `--out`.
 
-    python benchmarks/voxel/bench_layers.py                       # GPU, full size (~70k voxels)
-    python benchmarks/voxel/bench_layers.py --device cpu --tiny   # smoke
+    python -m benchmarks.voxel.bench_layers                       # GPU, full size (~70k voxels)
+    python -m benchmarks.voxel.bench_layers --device cpu --tiny   # smoke
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from benchmarks.harness.report import git_commit
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import VoxelTensor, conv3d, voxelize
 from relconv.voxel.maps import layer_map
@@ -152,12 +152,7 @@ def bench_models(
 
 
 def environment(device: torch.device) -> dict:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    commit = git_commit()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return {
         "device": name,
