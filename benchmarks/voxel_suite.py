@@ -336,6 +336,8 @@ class LayerSetup:
 
     def spconv(self) -> Prepared:
         spec, scene, c = self.spec, self.scene, self.spec["C"]
+        if why := spconv_peer.check_dtype(self.dtype):
+            raise Unsupported(why)
         layer = spconv_peer.layer(spec["op"], c, c, key="k").to(self.device, self.dtype)
         spconv_peer.load_weight(layer, self.weight.to(self.device, self.dtype), self.kernel_size)
         if OPS[spec["op"]][2]:
@@ -519,6 +521,10 @@ class E2ESetup:
     def peer(self, backend) -> Prepared:
         from benchmarks.peers.minkunet import PeerMinkUNet, copy_weights
 
+        if isinstance(backend, spconv_peer.SpconvBackend) and (
+            why := spconv_peer.check_dtype(DTYPES[self.spec["dtype"]])
+        ):
+            raise Unsupported(why)
         peer = PeerMinkUNet(backend, 4, NUM_CLASSES, self.spec["width"]).to(self.device)
         copy_weights(self.model, peer)
         coords, bs = self.scene.coords, self.scene.batch_size

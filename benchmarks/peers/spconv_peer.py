@@ -20,6 +20,17 @@ from benchmarks.peers.minkunet import Backend
 OPS = {"subm3": (3, 1, 1), "down2": (2, 2, 0), "down3": (3, 2, 1), "up2": (2, 2, 0)}
 
 
+# Seen on the GPU host with spconv-cu126 2.3.8: bf16 features raise KeyError in its implicit-GEMM
+# dispatch, and a bf16 training step afterwards killed the process (segfault), so bf16 is never
+# handed to it.
+NO_BF16 = "spconv 2.3.8 has no bf16 kernels (KeyError; training then segfaulted)"
+
+
+def check_dtype(dtype: torch.dtype) -> str | None:
+    """Why spconv cannot run this dtype, or None."""
+    return NO_BF16 if dtype == torch.bfloat16 else None
+
+
 def available() -> tuple[bool, str]:
     try:
         import spconv

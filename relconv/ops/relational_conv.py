@@ -87,13 +87,15 @@ def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int 
 def _output_stationary_table(rmap: RelationalMap, x: Tensor) -> Tensor | None:
     """The neighbour table when the CUDA kernel should run output-stationary, else None.
 
-    Output-stationary needs at most one input per slot and no scale. On an H200 it matches the
-    atomic pair path for fp16/bf16 (tensor cores; deterministic, no fp32 scratch buffer) but its
-    SIMT fp32/fp64 variant was 2.5x slower (benchmarks/results/ops), so those keep the pair path.
+    Output-stationary needs at most one input per slot and no scale; it is deterministic (each
+    output element is summed by one thread in a fixed order). On an H200 it matches the atomic pair
+    path for fp16/bf16 (tensor cores, no fp32 scratch buffer) but its SIMT fp32/fp64 variant was
+    2.5x slower (benchmarks/results/ops), so fp32/fp64 take it only when
+    `torch.use_deterministic_algorithms(True)` asks for determinism.
     """
     if x.device.type != "cuda" or not rmap.unique_slots or rmap.scale is not None:
         return None
-    if x.dtype not in (torch.float16, torch.bfloat16):
+    if x.dtype not in (torch.float16, torch.bfloat16) and not torch.are_deterministic_algorithms_enabled():
         return None
     return rmap.neighbor_table()
 

@@ -102,6 +102,16 @@ def unique_slot_map(
     return rmap.to("cuda")
 
 
+@pytest.fixture
+def deterministic():
+    """Deterministic mode routes every dtype of a unique-slot map through the neighbour table
+    (fp32/fp64 otherwise take the faster atomic path). warn_only: the float64 reference's
+    index_add_ has no deterministic CUDA implementation."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
 def grouped_weight(num_relations, groups, cin_g, cout_g, dtype, seed=1):
     g = torch.Generator().manual_seed(seed)
     shape = (num_relations, cin_g, cout_g) if groups == 1 else (num_relations, groups, cin_g, cout_g)
@@ -114,7 +124,8 @@ def grouped_weight(num_relations, groups, cin_g, cout_g, dtype, seed=1):
 # Per-group channels: odd widths (scalar loads), 64 (16-byte / cp.async loads), 40 (vector loads
 # with a partial last K chunk), 130 (two output-channel tiles, partial K chunk).
 @pytest.mark.parametrize("cin_g,cout_g", [(3, 17), (17, 3), (64, 64), (40, 24), (130, 130)])
-def test_neighbor_table_forward_and_gradients(dtype, index_dtype, groups, cin_g, cout_g):
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_neighbor_table_forward_and_gradients(deterministic, dtype, index_dtype, groups, cin_g, cout_g):
     rmap = unique_slot_map(300, 333, 27, 0.3, index_dtype)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(300, groups * cin_g, generator=g, dtype=torch.float64).to("cuda", dtype)
@@ -135,7 +146,8 @@ def test_neighbor_table_forward_and_gradients(dtype, index_dtype, groups, cin_g,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-def test_neighbor_table_forward_is_deterministic_and_matches_pair_lists(dtype):
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_neighbor_table_forward_is_deterministic_and_matches_pair_lists(deterministic, dtype):
     rmap = unique_slot_map(4000, 5000, 27, 0.25, torch.int32)
     x = torch.randn(4000, 64, device="cuda").to(dtype)
     w = grouped_weight(27, 1, 64, 96, dtype)
@@ -148,7 +160,8 @@ def test_neighbor_table_forward_is_deterministic_and_matches_pair_lists(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_neighbor_table_sparse_and_degenerate_maps(dtype):
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_neighbor_table_sparse_and_degenerate_maps(deterministic, dtype):
     # Strided/transposed-like density: most (tile, relation) steps are skipped.
     rmap = unique_slot_map(500, 700, 27, 0.02, torch.int64)
     x = torch.randn(500, 32, device="cuda").to(dtype)
