@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import sys
 from pathlib import Path
 
@@ -44,6 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warmup-seconds", type=float, default=None, help="minimum warm-up per case (default 0.3 s)"
     )
     p.add_argument("--list", action="store_true", help="print the selected case names and exit")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep DIR/results.json's rows and run only the missing cases; a case during which an "
+        "earlier process died (a native crash in a peer) is recorded as such and skipped",
+    )
     return p.parse_args(argv)
 
 
@@ -85,18 +92,42 @@ def main(argv: list[str] | None = None) -> int:
         peers.update(_peers(SUITES[name], args.peers))
     env = report.environment(device, peers, ceilings)
     json_path = args.out / "results.json"
-    rows: list[dict] = []
+    # The case in flight, so that a process killed by a segfault in a native extension can be
+    # resumed (`--resume`) without running that case again.
+    marker = args.out / "running.case"
+    rows = _resumed_rows(json_path, marker, plan) if args.resume else []
+    done = {r["case"] for r in rows}
+    plan = [(suite, spec) for suite, spec in plan if spec["case"] not in done]
     ctx: dict = {}
     for suite, spec in report.progress(plan, len(plan), "cases"):
         suite_peers = {n: peers[n] for n in suite.PEERS if n in peers}
+        marker.write_text(spec["case"])
         rows.extend(suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]]))
         report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
+    marker.unlink(missing_ok=True)
     ctx.clear()
     report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
     plots = report.plot(rows, args.out)
     print(f"\nwrote {json_path} and {', '.join(p.name for p in plots) or 'no plots'}")
     print(report.table(rows))
     return 0
+
+
+def _resumed_rows(json_path: Path, marker: Path, plan) -> list[dict]:
+    """Rows of an earlier run in the same directory, plus one row for the case it died in."""
+    rows = json.loads(json_path.read_text())["rows"] if json_path.exists() else []
+    if marker.exists():
+        crashed = marker.read_text().strip()
+        spec = next((s for _, s in plan if s["case"] == crashed), None)
+        if spec is not None and all(r["case"] != crashed for r in rows):
+            meta = {k: v for k, v in spec.items() if k != "pass_"}
+            if "pass_" in spec:
+                meta["pass"] = spec["pass_"]
+            rows.append(
+                dict(meta, impl="all", status="error: the process died during this case (native crash)")
+            )
+        marker.unlink()
+    return rows
 
 
 def _devices(suite_name: str, device: torch.device) -> list[str]:
