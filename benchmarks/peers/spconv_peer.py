@@ -40,8 +40,22 @@ def available() -> tuple[bool, str]:
     return True, getattr(spconv, "__version__", "unknown")
 
 
+# Grid extent is rounded up to a multiple of this (MinkUNet has 4 stride-2 levels; coordinates are
+# shifted by a multiple of 16 in voxel_suite.load_scene).
+GRID_MULTIPLE = 16
+
+
 def spatial_shape(coords: torch.Tensor) -> list[int]:
-    return [int(v) + 1 for v in coords[:, 1:].max(0).values.tolist()]
+    """Grid size per axis, rounded up to a multiple of GRID_MULTIPLE.
+
+    spconv sizes a strided conv's output grid as (D + 2 p - k) // s + 1 and drops every output site
+    outside it. With D = max + 1 and k = s = 2, p = 0 that is max // 2 whenever max is even, so the
+    coarse site floor(max / 2) of the last voxels along an axis was silently lost (down2 rows could
+    not be aligned: max_rel_err inf; up2 got zeros on the fine sites under the lost ones). A size
+    divisible by 2^levels keeps every coarse site at every level (3^3 with padding 1 was unaffected).
+    """
+    m = GRID_MULTIPLE
+    return [(int(v) + 1 + m - 1) // m * m for v in coords[:, 1:].max(0).values.tolist()]
 
 
 def sparse_tensor(feats: torch.Tensor, coords: torch.Tensor, batch_size: int):
