@@ -215,7 +215,10 @@ def _reorder(values: torch.Tensor, keys: torch.Tensor, ref_keys: torch.Tensor) -
     out = _align(keys, values, ref_keys)
     if out is None:
         raise RuntimeError("the peer's coarse sites differ from relconv's")
-    return out.to(values.device)
+    # Detached: `values` may already require grad (relconv's fwd+bwd setup marks the shared inputs),
+    # and a gather that stays in the graph made every timed backward after the first one fail with
+    # "Trying to backward through the graph a second time" (up2 fwd+bwd of both peers).
+    return out.to(values.device).detach()
 
 
 def _layer_fn(spec: dict, make_output, params, inputs, upstream, device):
@@ -227,8 +230,10 @@ def _layer_fn(spec: dict, make_output, params, inputs, upstream, device):
                 return make_output(f)
 
         return fn
-    for f in inputs:
-        f.requires_grad_(True)
+    # Every input becomes a leaf (replaced in place in the list the Prepared rotates through), so a
+    # timed run's graph starts at its input and never reaches anything built before timing.
+    for i, f in enumerate(inputs):
+        inputs[i] = f.detach().requires_grad_(True)
 
     def fn(f):
         with _precision(spec["dtype"], device):
@@ -381,7 +386,8 @@ class LayerSetup:
     def warpconvnet(self) -> Prepared:
         spec, scene, c = self.spec, self.scene, self.spec["C"]
         wcn = warpconvnet_peer
-        layer = wcn.layer(spec["op"], c, c).to(self.device, self.dtype)
+        exact = spec["dtype"] == "fp32"  # true fp32, not its default TF32 (see warpconvnet_peer)
+        layer = wcn.layer(spec["op"], c, c, exact_fp32=exact).to(self.device, self.dtype)
         wcn.load_weight(layer, self.weight.to(self.device, self.dtype))
         bs = scene.batch_size
         if OPS[spec["op"]][2]:
@@ -422,7 +428,7 @@ class LayerSetup:
                 out = apply(inputs[0])
             return wcn.keys(out, out_stride), out.feature_tensor.float()
 
-        return Prepared(fn=fn, inputs=inputs, output=output)
+        return Prepared(fn=fn, inputs=inputs, output=output, note=wcn.EXACT_FP32_NOTE if exact else "")
 
 
 def _layer_work(spec: dict, scene: Scene, device: torch.device, build_map: bool):
@@ -573,7 +579,10 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
         impls = [("relconv", setup.relconv)]
         peer_builders = [
             ("spconv", lambda: setup.peer(spconv_peer.SpconvBackend())),
-            ("warpconvnet", lambda: setup.peer(warpconvnet_peer.WarpConvNetBackend())),
+            (
+                "warpconvnet",
+                lambda: setup.peer(warpconvnet_peer.WarpConvNetBackend(exact_fp32=spec["dtype"] == "fp32")),
+            ),
         ]
         tolerance = E2E_TOLERANCE
     for name, build in peer_builders:

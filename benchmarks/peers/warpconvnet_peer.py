@@ -42,11 +42,33 @@ def voxels(feats: torch.Tensor, coords: torch.Tensor, batch_size: int, tensor_st
     return Voxels(coords[:, 1:].int().contiguous(), feats, offsets=offsets, tensor_stride=tensor_stride)
 
 
-def layer(op: str, cin: int, cout: int) -> torch.nn.Module:
+# WarpConvNet 1.8.2 has no TF32 switch: its default ("auto") algorithm pool runs fp32 tensors through
+# TF32 tensor-core tiles (csrc/include/cute_gemm_config.h: "float inputs truncated to TF32 by
+# hardware"), ~3e-4 relative error, so its fp32 rows did not agree at 1e-4. Its per-module algorithm
+# filter (fwd_algo / dgrad_algo / wgrad_algo accept a list) can pin the two algorithms that compute
+# in true fp32: "explicit_gemm" (gather + torch.matmul, which honours allow_tf32 = False) and
+# "implicit_gemm" (the SIMT kernel of csrc/include/implicit_gemm_template.cuh, fp32 FMAs).
+EXACT_FP32_ALGOS = ["explicit_gemm", "implicit_gemm"]
+EXACT_FP32_NOTE = (
+    "fp32 exact: algorithms pinned to explicit_gemm/implicit_gemm (WarpConvNet 1.8.2's default pool "
+    "runs fp32 through TF32; see its tf32 row)"
+)
+
+
+def algo_kwargs(exact_fp32: bool) -> dict:
+    """SparseConv3d keyword arguments restricting it to true-fp32 algorithms (empty: its default)."""
+    if not exact_fp32:
+        return {}
+    return dict(
+        fwd_algo=list(EXACT_FP32_ALGOS), dgrad_algo=list(EXACT_FP32_ALGOS), wgrad_algo=list(EXACT_FP32_ALGOS)
+    )
+
+
+def layer(op: str, cin: int, cout: int, exact_fp32: bool = False) -> torch.nn.Module:
     from warpconvnet.nn.modules.sparse_conv import SparseConv3d
 
     k, s, transposed = OPS[op]
-    return SparseConv3d(cin, cout, k, stride=s, bias=False, transposed=transposed)
+    return SparseConv3d(cin, cout, k, stride=s, bias=False, transposed=transposed, **algo_kwargs(exact_fp32))
 
 
 def load_weight(module: torch.nn.Module, weight: torch.Tensor) -> None:
@@ -62,10 +84,11 @@ def keys(x, level_stride: int) -> torch.Tensor:
 
 
 class WarpConvNetBackend(Backend):
-    def __init__(self) -> None:
+    def __init__(self, exact_fp32: bool = False) -> None:
         from warpconvnet.nn.modules.sparse_conv import SparseConv3d
 
         self.conv_types = (SparseConv3d,)
+        self.exact_fp32 = exact_fp32  # see EXACT_FP32_ALGOS
 
     def tensor(self, feats, coords, batch_size):
         return voxels(feats, coords, batch_size)
@@ -73,7 +96,15 @@ class WarpConvNetBackend(Backend):
     def conv(self, cin, cout, kernel_size, stride, transposed, key):
         from warpconvnet.nn.modules.sparse_conv import SparseConv3d
 
-        return SparseConv3d(cin, cout, kernel_size, stride=stride, bias=False, transposed=transposed)
+        return SparseConv3d(
+            cin,
+            cout,
+            kernel_size,
+            stride=stride,
+            bias=False,
+            transposed=transposed,
+            **algo_kwargs(self.exact_fp32),
+        )
 
     def run_conv(self, conv, x, target=None):
         return conv(x) if target is None else conv(x, output_spatially_sparse_tensor=target)
