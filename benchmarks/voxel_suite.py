@@ -479,6 +479,11 @@ class E2ESetup:
         self.spec, self.scene, self.device = spec, scene, device
         torch.manual_seed(0)
         self.model = MinkUNet(4, NUM_CLASSES, width=spec["width"]).to(device)
+        # The weights every implementation starts from. relconv is timed first and its timed training
+        # steps (SGD, BatchNorm running statistics) move self.model; the peers used to copy those
+        # moved weights while being compared with relconv's output from before the steps, so every
+        # train row mismatched (infer rows, which move nothing, agreed).
+        self.initial_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         gen = torch.Generator().manual_seed(3)
         n = len(scene.coords)
         count = rotation_count(n * 4 * 4, device, limit=3)
@@ -531,8 +536,12 @@ class E2ESetup:
             why := spconv_peer.check_dtype(DTYPES[self.spec["dtype"]])
         ):
             raise Unsupported(why)
+        from relconv.voxel.models import MinkUNet
+
         peer = PeerMinkUNet(backend, 4, NUM_CLASSES, self.spec["width"]).to(self.device)
-        copy_weights(self.model, peer)
+        initial = MinkUNet(4, NUM_CLASSES, width=self.spec["width"]).to(self.device)
+        initial.load_state_dict(self.initial_state)
+        copy_weights(initial, peer)
         coords, bs = self.scene.coords, self.scene.batch_size
         return self._prepared(peer, lambda f: backend.tensor(f, coords, bs))
 
