@@ -29,11 +29,27 @@ def _import_dgl():
     return dgl
 
 
+def _importer(err: BaseException) -> str:
+    """The innermost non-importlib frame of a failed import ("dgl/x.py:12"), to attribute it.
+
+    In the DGL 2.1 wheels (cp311 and cp312, identical Python sources) only dgl/graphbolt/* imports
+    torchdata, and the stub above keeps that package from loading; the GPU host still reported
+    "No module named 'torchdata'", so the row now names the file that asked for it.
+    """
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
+    if not frames:
+        return "?"
+    f = frames[-1]
+    return f"{'/'.join(f.filename.split('/')[-3:])}:{f.lineno}"
+
+
 def available() -> tuple[bool, str]:
     try:
         dgl = _import_dgl()
     except Exception as err:  # dgl's import runs native code and many submodules; any failure = absent
-        return False, f"not importable ({type(err).__name__}: {err})"
+        return False, f"not importable ({type(err).__name__}: {err}; imported from {_importer(err)})"
     return True, dgl.__version__
 
 
