@@ -8,15 +8,17 @@ draws DIR/*.png and prints a compact table last. See benchmarks/README.md for th
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import fnmatch
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from benchmarks import graph_suite, voxel_suite
-from benchmarks.harness import report
+from benchmarks.harness import bench, report
 from benchmarks.harness.floor import measure_ceilings
 from benchmarks.harness.timing import TimingConfig
 
@@ -99,11 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     done = {r["case"] for r in rows}
     plan = [(suite, spec) for suite, spec in plan if spec["case"] not in done]
     ctx: dict = {}
+    # A segfault in a native extension prints the Python stack of every thread to stderr.
+    faulthandler.enable()
     for suite, spec in report.progress(plan, len(plan), "cases"):
         suite_peers = {n: peers[n] for n in suite.PEERS if n in peers}
         marker.write_text(spec["case"])
+        # Second line: the implementation in flight (relconv or a peer), for the crash row.
+        bench.ON_IMPL = partial(_mark_impl, marker, spec["case"])
         rows.extend(suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]]))
         report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
+    bench.ON_IMPL = None
     marker.unlink(missing_ok=True)
     ctx.clear()
     report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
@@ -117,17 +124,27 @@ def _resumed_rows(json_path: Path, marker: Path, plan) -> list[dict]:
     """Rows of an earlier run in the same directory, plus one row for the case it died in."""
     rows = json.loads(json_path.read_text())["rows"] if json_path.exists() else []
     if marker.exists():
-        crashed = marker.read_text().strip()
+        lines = marker.read_text().strip().splitlines() or [""]
+        crashed, impl = lines[0].strip(), (lines[1].strip() if len(lines) > 1 else "")
         spec = next((s for _, s in plan if s["case"] == crashed), None)
         if spec is not None and all(r["case"] != crashed for r in rows):
             meta = {k: v for k, v in spec.items() if k != "pass_"}
             if "pass_" in spec:
                 meta["pass"] = spec["pass_"]
+            where = f" in {impl}" if impl else ""
             rows.append(
-                dict(meta, impl="all", status="error: the process died during this case (native crash)")
+                dict(
+                    meta,
+                    impl=impl or "all",
+                    status=f"error: the process died during this case{where} (native crash)",
+                )
             )
         marker.unlink()
     return rows
+
+
+def _mark_impl(marker: Path, case: str, impl: str) -> None:
+    marker.write_text(f"{case}\n{impl}")
 
 
 def _devices(suite_name: str, device: torch.device) -> list[str]:

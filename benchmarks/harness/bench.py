@@ -18,6 +18,10 @@ import torch
 from benchmarks.harness.floor import Ceilings
 from benchmarks.harness.timing import TimingConfig, measure
 
+# Called with the implementation's name before each one is built and run (benchmarks.run records
+# it next to the case in flight, so a native crash is attributed to relconv or to the peer).
+ON_IMPL: Callable[[str], None] | None = None
+
 # Relative tolerance (max |a - b| / max |ref|) for agreement, by compute dtype.
 TOLERANCE = {"fp64": 1e-9, "fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 4e-2}
 
@@ -114,6 +118,8 @@ def run_case(
             agrees_with=None,
             note="",
         )
+        if ON_IMPL is not None:
+            ON_IMPL(name)
         try:
             prepared = build()
             row["note"] = prepared.note
