@@ -11,67 +11,20 @@ A machine without network (the GPU host) reads them from the cache `$RELCONV_CAC
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from relconv.datasets import DataUnavailable, fetch_member
+from relconv.datasets.lidar import small_gicp_scan
 
-__all__ = ["DataUnavailable", "movielens_kg", "read_ply", "small_gicp_scans"]
-
-_PLY_TYPES = {
-    "float": "<f4",
-    "float32": "<f4",
-    "double": "<f8",
-    "float64": "<f8",
-    "uchar": "u1",
-    "uint8": "u1",
-    "char": "i1",
-    "int8": "i1",
-    "short": "<i2",
-    "ushort": "<u2",
-    "int": "<i4",
-    "int32": "<i4",
-    "uint": "<u4",
-    "uint32": "<u4",
-}
-
-
-def read_ply(path) -> dict[str, np.ndarray]:
-    """Vertex properties of a binary little-endian PLY file (no list properties), by name."""
-    with open(path, "rb") as f:
-        if f.readline().strip() != b"ply":
-            raise ValueError(f"{path}: not a PLY file")
-        fields, count, in_vertex = [], 0, False
-        for raw in iter(f.readline, b""):
-            words = raw.decode("ascii", "replace").split()
-            if not words:
-                continue
-            if words[0] == "format" and words[1] != "binary_little_endian":
-                raise ValueError(f"{path}: only binary_little_endian PLY is supported, got {words[1]}")
-            if words[0] == "element":
-                in_vertex = words[1] == "vertex"
-                if in_vertex:
-                    count = int(words[2])
-                elif count:
-                    break  # later elements (faces) are not needed; vertices come first
-            elif words[0] == "property" and in_vertex:
-                if words[1] == "list":
-                    raise ValueError(f"{path}: list properties in the vertex element are not supported")
-                fields.append((words[2], _PLY_TYPES[words[1]]))
-            elif words[0] == "end_header":
-                break
-        data = np.frombuffer(f.read(count * np.dtype(fields).itemsize), dtype=np.dtype(fields), count=count)
-    return {name: np.ascontiguousarray(data[name]) for name, _ in fields}
+__all__ = ["DataUnavailable", "movielens_kg", "small_gicp_scans"]
 
 
 def small_gicp_scans() -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """{"source": (points [N, 3] float32, intensity [N] float32 or None), "target": ...}."""
     scans = {}
     for name in ("source", "target"):
-        props = read_ply(fetch_member("small-gicp", "1.0.1", f"data/{name}.ply", sdist=True))
-        points = torch.from_numpy(np.stack([props["x"], props["y"], props["z"]], 1).astype(np.float32))
-        inten = next((props[k] for k in props if "intensity" in k), None)
-        scans[name] = (points, None if inten is None else torch.from_numpy(inten.astype(np.float32)))
+        points, inten = small_gicp_scan(name)
+        scans[name] = (torch.from_numpy(points), None if inten is None else torch.from_numpy(inten))
     return scans
 
 

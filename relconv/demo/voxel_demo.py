@@ -7,66 +7,24 @@ The scan is `data/source.ply` of the PyPI sdist `small-gicp==1.0.1` (fetched onc
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from relconv.datasets import DataUnavailable, fetch_member
+from relconv.datasets import DataUnavailable
+from relconv.datasets.lidar import small_gicp_scan
 from relconv.voxel import devoxelize, voxelize
 from relconv.voxel.models import MinkUNet
 from relconv.voxel.synthetic import raycast_scan
-
-_PLY_TYPES = {
-    "float": "<f4",
-    "float32": "<f4",
-    "double": "<f8",
-    "float64": "<f8",
-    "uchar": "u1",
-    "uint8": "u1",
-    "int": "<i4",
-    "int32": "<i4",
-    "uint": "<u4",
-    "short": "<i2",
-    "ushort": "<u2",
-}
-
-
-def read_ply(path: Path) -> dict[str, np.ndarray]:
-    """Vertex properties of a binary little-endian PLY file, by name (e.g. x, y, z, intensity)."""
-    with open(path, "rb") as f:
-        if f.readline().strip() != b"ply":
-            raise ValueError(f"{path} is not a PLY file")
-        count, props, in_vertex = 0, [], False
-        while True:
-            line = f.readline()
-            if not line:
-                raise ValueError(f"{path}: PLY header has no end_header")
-            words = line.decode("ascii", "replace").split()
-            if not words:
-                continue
-            if words[0] == "format" and words[1] != "binary_little_endian":
-                raise ValueError(f"{path}: only binary_little_endian PLY is supported, got {words[1]}")
-            if words[0] == "element":
-                in_vertex = words[1] == "vertex"
-                if in_vertex:
-                    count = int(words[2])
-            elif words[0] == "property" and in_vertex:
-                props.append((words[-1], _PLY_TYPES[words[1]]))
-            elif words[0] == "end_header":
-                break
-        data = np.frombuffer(f.read(), dtype=np.dtype(props), count=count)
-    return {name: np.asarray(data[name]) for name, _ in props}
 
 
 def load_scan() -> tuple[np.ndarray, np.ndarray, str]:
     """(points [N, 3] float32, intensity [N] float32, description of the source)."""
     try:
-        path = fetch_member("small-gicp", "1.0.1", "data/source.ply", sdist=True)
-        ply = read_ply(path)
-        intensity = next((v for k, v in ply.items() if "intensity" in k), np.zeros_like(ply["x"]))
-        points = np.stack([ply["x"], ply["y"], ply["z"]], 1).astype(np.float32)
-        return points, intensity.astype(np.float32), f"real scan small-gicp==1.0.1 data/source.ply ({path})"
+        points, intensity = small_gicp_scan("source")
+        if intensity is None:
+            intensity = np.zeros(len(points), np.float32)
+        return points, intensity, "real scan small-gicp==1.0.1 data/source.ply"
     except (DataUnavailable, OSError, ValueError, KeyError) as err:
         points, intensity = raycast_scan(beams=64, seed=0)
         return points, intensity, f"synthetic 64-beam ray-cast scan (real scan unavailable: {err})"

@@ -1,0 +1,66 @@
+"""Real outdoor LiDAR scans from the PyPI sdist `small-gicp==1.0.1` (data/source.ply, data/target.ply:
+binary PLY with float x/y/z/intensity, ~70k points each), read with a minimal PLY parser."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relconv.datasets.pypi_cache import fetch_member
+
+_PLY_TYPES = {
+    "float": "<f4",
+    "float32": "<f4",
+    "double": "<f8",
+    "float64": "<f8",
+    "uchar": "u1",
+    "uint8": "u1",
+    "char": "i1",
+    "int8": "i1",
+    "short": "<i2",
+    "ushort": "<u2",
+    "int": "<i4",
+    "int32": "<i4",
+    "uint": "<u4",
+    "uint32": "<u4",
+}
+
+
+def read_ply(path) -> dict[str, np.ndarray]:
+    """Vertex properties of a binary little-endian PLY file (no list properties), by name."""
+    with open(path, "rb") as f:
+        if f.readline().strip() != b"ply":
+            raise ValueError(f"{path}: not a PLY file")
+        fields, count, in_vertex = [], 0, False
+        for raw in iter(f.readline, b""):
+            words = raw.decode("ascii", "replace").split()
+            if not words:
+                continue
+            if words[0] == "format" and words[1] != "binary_little_endian":
+                raise ValueError(f"{path}: only binary_little_endian PLY is supported, got {words[1]}")
+            if words[0] == "element":
+                in_vertex = words[1] == "vertex"
+                if in_vertex:
+                    count = int(words[2])
+                elif count:
+                    break  # later elements (faces) are not needed; vertices come first
+            elif words[0] == "property" and in_vertex:
+                if words[1] == "list":
+                    raise ValueError(f"{path}: list properties in the vertex element are not supported")
+                fields.append((words[2], _PLY_TYPES[words[1]]))
+            elif words[0] == "end_header":
+                break
+        data = np.frombuffer(f.read(count * np.dtype(fields).itemsize), dtype=np.dtype(fields), count=count)
+    return {name: np.ascontiguousarray(data[name]) for name, _ in fields}
+
+
+def small_gicp_scan(name: str = "source") -> tuple[np.ndarray, np.ndarray | None]:
+    """(points [N, 3] float32, intensity [N] float32 or None) of small-gicp's `data/{name}.ply`.
+
+    Raises `relconv.datasets.DataUnavailable` when the sdist is neither cached nor downloadable.
+    """
+    if name not in ("source", "target"):
+        raise ValueError(f"name must be 'source' or 'target', got {name!r}")
+    props = read_ply(fetch_member("small-gicp", "1.0.1", f"data/{name}.ply", sdist=True))
+    points = np.stack([props["x"], props["y"], props["z"]], 1).astype(np.float32)
+    inten = next((props[k] for k in props if "intensity" in k), None)
+    return points, None if inten is None else inten.astype(np.float32)
