@@ -69,6 +69,29 @@ void check_grid_y(int64_t y, int64_t z = 1) {
               "); at most 65535 each");
 }
 
+void check_int32_channels(const ConvShape& s) {
+  TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
+                  s.groups <= std::numeric_limits<int32_t>::max(),
+              "relconv CUDA kernels: channel counts must fit int32");
+}
+
+// The pair-list fields shared by the forward and weight-gradient argument structs.
+template <typename T, typename Idx, typename Args>
+void fill_pair_args(Args& a, const at::Tensor& in_index, const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                    const std::optional<at::Tensor>& scale, const ConvShape& s, int64_t num_in, int64_t num_out) {
+  a.in_index = ptr<Idx>(in_index);
+  a.out_index = ptr<Idx>(out_index);
+  a.rel_ptr = rel_ptr.const_data_ptr<int64_t>();
+  a.scale = scale ? ptr<acc_t<T>>(*scale) : nullptr;
+  a.num_in = num_in;
+  a.num_out = num_out;
+  a.num_pairs = s.num_pairs;
+  a.num_relations = s.num_relations;
+  a.groups = static_cast<int>(s.groups);
+  a.cin_g = static_cast<int>(s.cin_g);
+  a.cout_g = static_cast<int>(s.cout_g);
+}
+
 // ---------------------------------------------------------------- forward
 
 // Tile shapes by output channels per group: the block spans as much of C_out as fits so that each
@@ -158,9 +181,7 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
   if (s.num_pairs == 0 || s.cin_g == 0 || s.num_relations == 0) {
     return at::zeros({num_out, s.groups * s.cout_g}, x.options());
   }
-  TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
-                  s.groups <= std::numeric_limits<int32_t>::max(),
-              "relconv CUDA kernels: channel counts must fit int32");
+  check_int32_channels(s);
   at::Tensor out = at::empty({num_out, s.groups * s.cout_g}, x.options());
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), tc = table.contiguous();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -203,9 +224,7 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
   if (s.num_pairs == 0 || num_out == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0) {
     return out.to(x.scalar_type());
   }
-  TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
-                  s.groups <= std::numeric_limits<int32_t>::max(),
-              "relconv CUDA kernels: channel counts must fit int32");
+  check_int32_channels(s);
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
   const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
   const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
@@ -218,18 +237,8 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
     cuda::ConvForwardArgs<T, Idx> a{};
     a.x = ptr<T>(xc);
     a.weight = ptr<T>(wc);
-    a.in_index = ptr<Idx>(ii);
-    a.out_index = ptr<Idx>(oi);
-    a.rel_ptr = rp.const_data_ptr<int64_t>();
-    a.scale = sc ? ptr<acc_t<T>>(*sc) : nullptr;
+    fill_pair_args<T, Idx>(a, ii, oi, rp, sc, s, x.size(0), num_out);
     a.out = reinterpret_cast<acc_t<T>*>(out.mutable_data_ptr());
-    a.num_in = x.size(0);
-    a.num_out = num_out;
-    a.num_pairs = s.num_pairs;
-    a.num_relations = s.num_relations;
-    a.groups = static_cast<int>(s.groups);
-    a.cin_g = static_cast<int>(s.cin_g);
-    a.cout_g = static_cast<int>(s.cout_g);
     // Row offsets are multiples of cin_g (x) / cout_g (W), so those decide vector loads.
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
     a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
@@ -298,9 +307,7 @@ at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tenso
       grad_out.size(0) == 0) {
     return dw.to(x.scalar_type());
   }
-  TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
-                  s.groups <= std::numeric_limits<int32_t>::max(),
-              "relconv CUDA kernels: channel counts must fit int32");
+  check_int32_channels(s);
   const at::Tensor xc = x.contiguous(), gc = grad_out.contiguous();
   const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
   const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
@@ -313,18 +320,8 @@ at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tenso
     cuda::WeightGradArgs<T, Idx> a{};
     a.x = ptr<T>(xc);
     a.grad = ptr<T>(gc);
-    a.in_index = ptr<Idx>(ii);
-    a.out_index = ptr<Idx>(oi);
-    a.rel_ptr = rp.const_data_ptr<int64_t>();
-    a.scale = sc ? ptr<acc_t<T>>(*sc) : nullptr;
+    fill_pair_args<T, Idx>(a, ii, oi, rp, sc, s, x.size(0), grad_out.size(0));
     a.dw = reinterpret_cast<acc_t<T>*>(dw.mutable_data_ptr());
-    a.num_in = x.size(0);
-    a.num_out = grad_out.size(0);
-    a.num_pairs = s.num_pairs;
-    a.num_relations = s.num_relations;
-    a.groups = static_cast<int>(s.groups);
-    a.cin_g = static_cast<int>(s.cin_g);
-    a.cout_g = static_cast<int>(s.cout_g);
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
     a.vec_g = s.cout_g % V == 0 && aligned16(a.grad);
     weight_grad_by_width<T, Idx>(a, rp, stream);
