@@ -2,7 +2,8 @@
 
     python -m benchmarks.merge --out benchmarks/results RUN_DIR [RUN_DIR ...]
 
-Rows are keyed by (case, impl); a later directory's row replaces an earlier one. The environment
+A later directory's rows for a case replace all earlier rows of that case (a re-run may have
+fewer implementations, e.g. where a crash row stood before). The environment
 is the first run's, with every run's peers and ceilings kept under "runs". Plots and the table are
 redrawn from the merged rows.
 """
@@ -22,17 +23,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("runs", nargs="+", type=Path, help="directories holding results.json")
     args = p.parse_args(argv)
-    rows: dict[tuple[str, str], dict] = {}
+    rows: dict[str, list[dict]] = {}
     env, runs = None, []
     for run_dir in args.runs:
         data = json.loads((run_dir / "results.json").read_text())
         env = env or data["environment"]
         runs.append({"dir": str(run_dir), "args": data["args"], "environment": data["environment"]})
+        fresh: dict[str, list[dict]] = {}
         for row in data["rows"]:
-            rows[(row["case"], row["impl"])] = row
+            fresh.setdefault(row["case"], []).append(row)
+        rows.update(fresh)
     merged = dict(env, runs=runs)
     args.out.mkdir(parents=True, exist_ok=True)
-    all_rows = list(rows.values())
+    all_rows = [row for case_rows in rows.values() for row in case_rows]
     report.write_json(
         args.out / "results.json", merged, all_rows, {"merged_from": [str(r) for r in args.runs]}
     )
