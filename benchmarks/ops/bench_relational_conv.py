@@ -30,6 +30,7 @@ from benchmarks.harness.report import git_commit
 from relconv import RelationalMap
 from relconv.core.relational_map import index_dtype_for
 from relconv.ops.reference import relational_conv_reference
+from relconv.ops.relational_conv import _output_stationary_table
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 # Agreement thresholds (relative Frobenius error against the reference), by dtype.
@@ -244,7 +245,7 @@ def bench_row(
         "dtype": str(dtype).removeprefix("torch."),
         "index_dtype": str(rmap.in_index.dtype).removeprefix("torch."),
         # Which forward kernel ran: the neighbour table (output-stationary) or the pair lists (atomics).
-        "forward_path": "table" if rmap.unique_slots and device.type == "cuda" else "pairs",
+        "forward_path": "pairs" if _output_stationary_table(rmap, x) is None else "table",
         "pass": "fwd+bwd" if backward else "fwd",
         "rel_error": err,
         "time_relconv_s": t_ours,
