@@ -6,7 +6,8 @@ table); (b) an AIFB-like relational graph (8,285 nodes, 58,086 edges, 90 relatio
 degrees, scale = 1/deg per (node, relation); pair lists with atomics). Each (map, C, dtype, pass)
 row checks agreement with `relational_conv_reference` before timing, then reports median times of
 the op and of the reference, and the physical floor: max(minimal bytes / measured copy bandwidth,
-FLOPs / measured dense-matmul rate), both ceilings measured in the same run.
+FLOPs / measured dense-matmul rate), both ceilings measured in the same run by the shared harness
+(`benchmarks.harness.floor`), whose timing (`benchmarks.harness.timing`) this script uses too.
 
     python -m benchmarks.ops.bench_relational_conv                      # GPU, full sizes
     python -m benchmarks.ops.bench_relational_conv --device cpu --tiny  # CI smoke (< 30 s)
@@ -17,16 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 import relconv
-from benchmarks.harness.report import git_commit
+from benchmarks.harness.floor import Ceilings, measure_ceilings
+from benchmarks.harness.report import environment
+from benchmarks.harness.timing import TimingConfig, measure
 from relconv import RelationalMap
 from relconv.core.relational_map import index_dtype_for
 from relconv.ops.reference import relational_conv_reference
@@ -125,51 +125,6 @@ def power_law_graph(
     )
 
 
-# ---------------------------------------------------------------------------- timing
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_time(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
-    """Median seconds of `fn` over `iters` runs after `warmup` runs (CUDA events on a GPU)."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def copy_bandwidth(device: torch.device, tiny: bool, warmup: int, iters: int) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting the read and the write."""
-    n = (16 if tiny else 512) * 2**20
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    t = median_time(lambda: dst.copy_(src), device, warmup, iters)
-    return 2 * n / t
-
-
-def matmul_rate(dtype: torch.dtype, device: torch.device, tiny: bool, warmup: int, iters: int) -> float:
-    """Dense matmul FLOP/s of `dtype` at a size large enough to be compute-bound."""
-    n = 256 if tiny else 8192
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    t = median_time(lambda: torch.mm(a, b), device, warmup, iters)
-    return 2 * n**3 / t
-
-
 # ---------------------------------------------------------------------------- rows
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.detach().double(), b.detach().double()
@@ -193,14 +148,14 @@ def bench_row(
     name: str,
     rmap: RelationalMap,
     c: int,
-    dtype: torch.dtype,
+    dname: str,
     backward: bool,
     device: torch.device,
-    ceilings: dict,
-    warmup: int,
-    iters: int,
+    ceilings: Ceilings,
+    timing: TimingConfig,
     generator: torch.Generator,
 ) -> dict:
+    dtype = DTYPES[dname]
     r = rmap.num_relations
     x0 = torch.randn(rmap.num_in, c, generator=generator).to(device, dtype)
     w0 = (torch.randn(r, c, c, generator=generator) / math.sqrt(c)).to(device, dtype)
@@ -227,14 +182,14 @@ def bench_row(
             f"{name} C={c} {dtype} {'fwd+bwd' if backward else 'fwd'}: relative error {err:.3e} > {tol:.0e} "
             f"(per output: {', '.join(f'{e:.2e}' for e in errors)})"
         )
-    t_ours = median_time(ours, device, warmup, iters)
-    t_ref = median_time(ref, device, warmup, iters)
+    # The closures hold their inputs, so the harness gets a single dummy input to "rotate".
+    t_ours = measure(lambda _: ours(), [None], device, timing).median_ms / 1e3
+    t_ref = measure(lambda _: ref(), [None], device, timing).median_ms / 1e3
     passes = 3 if backward else 1
     flops = passes * 2 * rmap.num_pairs * c * c
     nbytes = minimal_bytes(rmap, c, c, dtype, backward)
-    floor_mem = nbytes / ceilings["copy_bytes_per_s"]
-    floor_math = flops / ceilings["matmul_flop_per_s"][str(dtype)]
-    floor = max(floor_mem, floor_math)
+    # Dtypes without a measured GEMM rate (fp64; fp16 on CPU) fall back to the fp32 rate.
+    floor = ceilings.floor_ms(nbytes, flops, dname) / 1e3
     return {
         "map": name,
         "num_pairs": rmap.num_pairs,
@@ -253,27 +208,12 @@ def bench_row(
         "speedup": t_ref / t_ours,
         "min_bytes": nbytes,
         "flops": flops,
-        "floor_mem_s": floor_mem,
-        "floor_math_s": floor_math,
         "floor_s": floor,
         "time_over_floor": t_ours / floor,
     }
 
 
 # ---------------------------------------------------------------------------- main
-def environment(device: torch.device) -> dict:
-    commit = git_commit()
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {
-        "device": name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "git_commit": commit,
-        "relconv_cuda_build": relconv._ext.cuda_built,
-        "allow_tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-    }
-
-
 def print_table(rows: list[dict]) -> None:
     head = (
         f"{'map':7} {'path':5} {'P':>8} {'R':>3} {'C':>4} {'dtype':8} {'pass':7} "
@@ -292,7 +232,7 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -307,13 +247,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 5, tiny 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ops"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = torch.device(args.device)
     channels = args.channels or ([8, 16] if args.tiny else [32, 64, 128])
-    iters = args.iters or (3 if args.tiny else 30)
-    warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 5)
-    dtypes = [DTYPES[d] for d in args.dtypes]
+    timing = TimingConfig(
+        warmup_runs=args.warmup if args.warmup is not None else (1 if args.tiny else 5),
+        # The harness also warms up by time (for autotuners); --tiny's 32 timings can't afford it.
+        warmup_seconds=0.0 if args.tiny else TimingConfig.warmup_seconds,
+        runs=args.iters or (3 if args.tiny else 30),
+    )
     gen = torch.Generator().manual_seed(args.seed)
 
     maps = {}
@@ -325,34 +268,26 @@ def main() -> None:
     for name, m in maps.items():
         print(f"{name}: {m}")
 
-    ceilings = {
-        "copy_bytes_per_s": copy_bandwidth(device, args.tiny, warmup, iters),
-        "matmul_flop_per_s": {str(d): matmul_rate(d, device, args.tiny, warmup, iters) for d in dtypes},
-    }
+    ceilings = measure_ceilings(device, args.tiny)
     rows = []
     for name, rmap in maps.items():
         for c in channels:
-            for dtype in dtypes:
+            for dname in args.dtypes:
                 for backward in (False, True):
-                    rows.append(
-                        bench_row(name, rmap, c, dtype, backward, device, ceilings, warmup, iters, gen)
-                    )
+                    rows.append(bench_row(name, rmap, c, dname, backward, device, ceilings, timing, gen))
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = "tiny" if args.tiny else "full"
     path = out_dir / f"bench_relational_conv_{device.type}_{tag}.json"
-    env = environment(device)
-    report = {**env, "args": vars(args), "ceilings": ceilings, "rows": rows}
-    path.write_text(json.dumps(report, indent=2))
+    # Whether the CUDA kernels were built decides which forward path a GPU row measured.
+    env = {**environment(device, {}, {device.type: ceilings}), "relconv_cuda_build": relconv._ext.cuda_built}
+    path.write_text(json.dumps({"environment": env, "args": vars(args), "rows": rows}, indent=2))
     print(f"\nwrote {path}")
-    print(f"{env['device']} | torch {env['torch']} | CUDA {env['cuda']} | commit {env['git_commit']}")
+    print(f"{env['device']} | torch {env['torch']} | CUDA {env['cuda']} | commit {env['relconv_commit']}")
     print(
-        f"copy {ceilings['copy_bytes_per_s'] / 1e9:.0f} GB/s | matmul "
-        + ", ".join(
-            f"{k.removeprefix('torch.')} {v / 1e12:.1f} TFLOP/s"
-            for k, v in ceilings["matmul_flop_per_s"].items()
-        )
+        f"copy {ceilings.copy_bytes_per_s / 1e9:.0f} GB/s | matmul "
+        + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in ceilings.gemm_flops_per_s.items())
     )
     print_table(rows)
 

@@ -4,7 +4,8 @@ Layers: submanifold 3^3 and strided 2^3 (stride 2) convs at C = 32/64/128 in and
 with a fresh map (map building inside the timed region, as for a new scan) and with the cached map;
 plus the map build alone. Each layer row first checks agreement with the pure-PyTorch reference loop
 on the same map. Models: MinkUNet inference (batch 1, eval, no_grad) at width 1.0 and 0.5, fp16 and
-fp32, fresh maps per run. CUDA events, warm-up, median of >= 20 runs. JSON goes to `--out`.
+fp32, fresh maps per run. Timed by the shared harness (`benchmarks.harness.timing`: CUDA events,
+warm-up, median of >= 20 runs). JSON goes to `--out`.
 
     python -m benchmarks.voxel.bench_layers                       # GPU, full size (~70k voxels)
     python -m benchmarks.voxel.bench_layers --device cpu --tiny   # smoke
@@ -13,16 +14,15 @@ fp32, fresh maps per run. CUDA events, warm-up, median of >= 20 runs. JSON goes 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from benchmarks.harness.report import git_commit
+from benchmarks.harness.report import environment
+from benchmarks.harness.timing import TimingConfig, measure
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import VoxelTensor, conv3d, voxelize
 from relconv.voxel.maps import layer_map
@@ -35,39 +35,9 @@ TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
 LAYERS = {"subm3": (3, 1), "down2": (2, 2)}  # name -> (kernel size, stride)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_ms(fn: Callable[[], object], device: torch.device, runs: int, warmup: int) -> dict:
-    """Median / p20 / p80 milliseconds of `fn()` over `runs` runs after `warmup` runs."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    if device.type == "cuda":
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)
-        ]
-        for a, b in events:
-            a.record()
-            fn()
-            b.record()
-        torch.cuda.synchronize(device)
-        times = sorted(a.elapsed_time(b) for a, b in events)
-    else:
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-    return {
-        "median_ms": statistics.median(times),
-        "p20_ms": times[int(0.2 * (len(times) - 1))],
-        "p80_ms": times[int(0.8 * (len(times) - 1))],
-        "runs": len(times),
-    }
+def time_ms(fn: Callable[[], object], device: torch.device, timing: TimingConfig) -> dict:
+    """Median / p20 / p80 milliseconds of `fn()`; `fn` holds its own inputs, so one dummy input."""
+    return dataclasses.asdict(measure(lambda _: fn(), [None], device, timing))
 
 
 def scan_tensor(device: torch.device, tiny: bool) -> tuple[VoxelTensor, dict]:
@@ -91,16 +61,12 @@ def _fresh(x: VoxelTensor) -> VoxelTensor:
     return VoxelTensor(x.feats, x.coords, x.stride)
 
 
-def bench_layers(
-    x0: VoxelTensor, channels: list[int], dtypes: list[str], runs: int, warmup: int
-) -> list[dict]:
+def bench_layers(x0: VoxelTensor, channels: list[int], dtypes: list[str], timing: TimingConfig) -> list[dict]:
     device = x0.device
     rows = []
     g = torch.Generator(device="cpu").manual_seed(0)
     for layer, (k, s) in LAYERS.items():
-        t = time_ms(
-            lambda k=k, s=s: layer_map(_fresh(x0), (k,) * 3, (s,) * 3, (1, 1, 1)), device, runs, warmup
-        )
+        t = time_ms(lambda k=k, s=s: layer_map(_fresh(x0), (k,) * 3, (s,) * 3, (1, 1, 1)), device, timing)
         rows.append({"layer": layer, "channels": None, "dtype": None, "map": "build only", **t})
         for c in channels:
             for dname in dtypes:
@@ -114,8 +80,8 @@ def bench_layers(
                 err = ((out.feats.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-12)).item()
                 if err > TOLERANCE[dt]:
                     raise RuntimeError(f"{layer} C={c} {dname}: relative error {err:.2e} vs reference")
-                fresh = time_ms(lambda x=x, w=w, k=k, s=s: conv3d(_fresh(x), w, k, s), device, runs, warmup)
-                cached = time_ms(lambda x=x, w=w, k=k, s=s: conv3d(x, w, k, s), device, runs, warmup)
+                fresh = time_ms(lambda x=x, w=w, k=k, s=s: conv3d(_fresh(x), w, k, s), device, timing)
+                cached = time_ms(lambda x=x, w=w, k=k, s=s: conv3d(x, w, k, s), device, timing)
                 common = {
                     "layer": layer,
                     "channels": c,
@@ -128,9 +94,7 @@ def bench_layers(
     return rows
 
 
-def bench_models(
-    x0: VoxelTensor, widths: list[float], dtypes: list[str], runs: int, warmup: int
-) -> list[dict]:
+def bench_models(x0: VoxelTensor, widths: list[float], dtypes: list[str], timing: TimingConfig) -> list[dict]:
     rows = []
     for width in widths:
         torch.manual_seed(0)
@@ -143,24 +107,12 @@ def bench_models(
                 if not bool(torch.isfinite(logits).all()):
                     raise RuntimeError(f"MinkUNet width {width} {dname}: non-finite logits")
                 cached_x = VoxelTensor(feats, x0.coords)
-                fresh = time_ms(lambda m=m, f=feats: m(VoxelTensor(f, x0.coords)), x0.device, runs, warmup)
-                cached = time_ms(lambda m=m, x=cached_x: m(x), x0.device, runs, warmup)
+                fresh = time_ms(lambda m=m, f=feats: m(VoxelTensor(f, x0.coords)), x0.device, timing)
+                cached = time_ms(lambda m=m, x=cached_x: m(x), x0.device, timing)
             common = {"model": "MinkUNet", "width": width, "dtype": dname, "batch": 1}
             rows.append({**common, "map": "fresh", **fresh})
             rows.append({**common, "map": "cached", **cached})
     return rows
-
-
-def environment(device: torch.device) -> dict:
-    commit = git_commit()
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    return {
-        "device": name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "commit": commit,
-        "python": platform.python_version(),
-    }
 
 
 def print_table(layers: list[dict], models: list[dict]) -> None:
@@ -179,7 +131,7 @@ def print_table(layers: list[dict], models: list[dict]) -> None:
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -187,18 +139,22 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="small scan, few runs (CI smoke)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "voxel"))
     parser.add_argument("--runs", type=int, default=None, help="timed runs per row (default 20, tiny 3)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
-    runs = args.runs or (3 if args.tiny else 20)
-    warmup = 1 if args.tiny else 5
+    timing = TimingConfig(
+        warmup_runs=1 if args.tiny else 5,
+        # The harness also warms up by time (for autotuners); --tiny is a smoke run and skips it.
+        warmup_seconds=0.0 if args.tiny else TimingConfig.warmup_seconds,
+        runs=args.runs or (3 if args.tiny else 20),
+    )
     channels = [32] if args.tiny else [32, 64, 128]
     widths = [0.5] if args.tiny else [1.0, 0.5]
     dtypes = ["fp32"] if args.tiny and device.type == "cpu" else ["fp16", "fp32"]
     x0, scan = scan_tensor(device, args.tiny)
     print(f"scan: {scan['points']} points -> {scan['voxels']} voxels at {scan['voxel_size']} m on {device}")
-    layers = bench_layers(x0, channels, dtypes, runs, warmup)
-    models = bench_models(x0, widths, dtypes, runs, warmup)
-    result = {"environment": environment(device), "scan": scan, "layers": layers, "models": models}
+    layers = bench_layers(x0, channels, dtypes, timing)
+    models = bench_models(x0, widths, dtypes, timing)
+    result = {"environment": environment(device, {}, {}), "scan": scan, "layers": layers, "models": models}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench_layers_{device.type}{'_tiny' if args.tiny else ''}.json"

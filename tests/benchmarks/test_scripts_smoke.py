@@ -1,0 +1,47 @@
+"""CPU smoke test of the standalone benchmark scripts on tiny sizes: rows and agreement, never timings."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from benchmarks.ops import bench_relational_conv
+from benchmarks.voxel import bench_layers
+
+
+def test_bench_relational_conv_rows_agree(tmp_path):
+    bench_relational_conv.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "bench_relational_conv_cpu_tiny.json").read_text())
+    assert {"device", "torch", "relconv_commit", "ceilings"} <= set(data["environment"])
+    rows = data["rows"]
+    # Default --tiny grid: 2 maps x C in (8, 16) x (fp16, fp32) x (fwd, fwd+bwd).
+    assert len(rows) == 16
+    assert {(r["map"], r["channels"], r["dtype"], r["pass"]) for r in rows} == {
+        (m, c, d, p)
+        for m in ("voxel", "graph")
+        for c in (8, 16)
+        for d in ("float16", "float32")
+        for p in ("fwd", "fwd+bwd")
+    }
+    for r in rows:
+        tol = bench_relational_conv.TOLERANCE[getattr(torch, r["dtype"])]
+        assert r["rel_error"] <= tol, r
+        assert r["forward_path"] in ("pairs", "table")
+        assert {"time_relconv_s", "time_reference_s", "speedup", "floor_s", "time_over_floor"} <= set(r)
+
+
+def test_bench_layers_rows_agree(tmp_path):
+    bench_layers.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "bench_layers_cpu_tiny.json").read_text())
+    assert {"device", "torch", "relconv_commit"} <= set(data["environment"])
+    layers, models = data["layers"], data["models"]
+    assert {(r["layer"], r["map"]) for r in layers} == {
+        (layer, m) for layer in bench_layers.LAYERS for m in ("build only", "fresh", "cached")
+    }
+    for r in layers:
+        if r["map"] != "build only":
+            assert r["rel_err"] <= bench_layers.TOLERANCE[bench_layers.DTYPES[r["dtype"]]], r
+    assert {(r["model"], r["map"]) for r in models} == {("MinkUNet", "fresh"), ("MinkUNet", "cached")}
+    for r in layers + models:
+        assert {"median_ms", "p20_ms", "p80_ms"} <= set(r) and r["runs"] == 3, r
