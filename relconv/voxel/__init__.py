@@ -5,6 +5,7 @@ negative coordinates, map caching and `indice_key`).
 """
 
 from relconv.voxel.conv import Conv3d, conv3d
+from relconv.voxel.fuse import fold_batchnorm, fuse_conv_bn
 from relconv.voxel.kernel_map import (
     generative_map,
     kernel_offsets,
@@ -36,6 +37,8 @@ __all__ = [
     "collate",
     "conv3d",
     "devoxelize",
+    "fold_batchnorm",
+    "fuse_conv_bn",
     "generative_map",
     "global_pool",
     "kernel_offsets",

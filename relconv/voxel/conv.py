@@ -32,7 +32,9 @@ from torch import Tensor, nn
 from relconv.ops import relational_conv
 from relconv.voxel.maps import layer_map
 from relconv.voxel.tensor import VoxelTensor
-from relconv.voxel.utils import triple
+from relconv.voxel.utils import Triple, triple
+
+ACTIVATIONS = (None, "relu")
 
 
 def conv3d(
@@ -46,6 +48,7 @@ def conv3d(
     transposed: bool = False,
     generative: bool = False,
     indice_key: str | None = None,
+    activation: str | None = None,
 ) -> VoxelTensor:
     """Functional sparse conv; see the module docstring for geometry and weight layout.
 
@@ -53,6 +56,7 @@ def conv3d(
         x: input with features [N, C_in].
         weight: [K, C_in, C_out] or [K, groups, C_in/groups, C_out/groups], K = prod(kernel_size).
         bias: optional [C_out].
+        activation: None or "relu", applied after the bias.
     Returns:
         VoxelTensor with features [M, C_out] at the output coordinates.
     """
@@ -67,14 +71,41 @@ def conv3d(
         raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
     if weight.shape[0] != math.prod(k):
         raise ValueError(f"weight has {weight.shape[0]} offsets but kernel_size {k} has {math.prod(k)}")
+    _check_activation(activation)
+    return _conv3d(x, weight, k, s, d, groups, bias, transposed, generative, indice_key, activation)
+
+
+def _check_activation(activation: str | None) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def _conv3d(
+    x: VoxelTensor,
+    weight: Tensor,
+    k: Triple,
+    s: Triple,
+    d: Triple,
+    groups: int,
+    bias: Tensor | None,
+    transposed: bool,
+    generative: bool,
+    indice_key: str | None,
+    activation: str | None,
+) -> VoxelTensor:
+    """conv3d on validated, normalised arguments (the per-call path of `Conv3d`)."""
     if k == (1, 1, 1) and s == (1, 1, 1) and groups == 1 and indice_key is None:
         # A 1x1x1 submanifold conv is a plain matmul; skip the identity map.
-        out = x.feats @ weight[0]
-        return x.replace_feature(out if bias is None else out + bias)
+        w = weight[0]
+        out = x.feats @ w if bias is None else torch.addmm(bias, x.feats, w)
+        return x.replace_feature(out.relu_() if activation == "relu" else out)
     lm = layer_map(x, k, s, d, transposed, generative, indice_key)
     out = relational_conv(x.feats, weight, lm.rmap, groups)
     if bias is not None:
-        out = out + bias
+        # In the output's dtype: an fp32 bias must not promote an autocast fp16 output back to fp32.
+        out = out + bias.to(out.dtype)
+    if activation == "relu":
+        out = out.relu_()
     return VoxelTensor(out, lm.out_coords, lm.out_stride, cache=lm.out_cache)
 
 
@@ -90,6 +121,8 @@ class Conv3d(nn.Module):
         transposed: upsample by `stride` onto the coordinates the matching strided conv came from.
         generative: with `transposed`, create all output coordinates the kernel reaches instead.
         indice_key: name under which the map is shared (a transposed conv reuses the strided one).
+        activation: None or "relu", applied after the bias (what `relconv.voxel.fuse_conv_bn`
+            folds a following ReLU into).
     """
 
     def __init__(
@@ -104,8 +137,11 @@ class Conv3d(nn.Module):
         transposed: bool = False,
         generative: bool = False,
         indice_key: str | None = None,
+        activation: str | None = None,
     ) -> None:
         super().__init__()
+        _check_activation(activation)
+        self.activation = activation
         self.kernel_size = triple(kernel_size, "kernel_size")
         if max(self.kernel_size) > 7:
             raise ValueError(f"kernel_size must lie in 1..7 per axis, got {self.kernel_size}")
@@ -139,7 +175,10 @@ class Conv3d(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: VoxelTensor) -> VoxelTensor:
-        return conv3d(
+        if not isinstance(x, VoxelTensor):
+            raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
+        # Arguments were validated and normalised in __init__: the per-call path does no re-checking.
+        return _conv3d(
             x,
             self.weight,
             self.kernel_size,
@@ -150,6 +189,7 @@ class Conv3d(nn.Module):
             self.transposed,
             self.generative,
             self.indice_key,
+            self.activation,
         )
 
     def extra_repr(self) -> str:
@@ -160,4 +200,6 @@ class Conv3d(nn.Module):
             s += f", groups={self.groups}"
         if self.transposed:
             s += ", transposed=True" + (", generative=True" if self.generative else "")
+        if self.activation is not None:
+            s += f", activation={self.activation!r}"
         return s

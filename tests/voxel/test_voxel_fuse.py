@@ -1,0 +1,66 @@
+"""BatchNorm folding for inference: the fused model equals the eval-mode model, and bad input is named."""
+
+import pytest
+import torch
+
+from relconv.voxel import BatchNorm, Conv3d, ReLU, Sequential, fold_batchnorm, fuse_conv_bn, voxelize
+from relconv.voxel.models import MinkUNet, ResNet
+from relconv.voxel.synthetic import raycast_scan
+
+
+def _scan(voxel=0.4, dtype=torch.float64):
+    points, intensity = raycast_scan(beams=16, azimuth_steps=256, seed=0)
+    pts = torch.from_numpy(points)
+    feats = torch.cat([pts, torch.from_numpy(intensity)[:, None]], 1).to(dtype)
+    return voxelize(pts, voxel, feats=feats).tensor
+
+
+def _randomise_bn(model, seed=0):
+    """Non-trivial running statistics and affine parameters (fresh BN layers are near-identity)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                n = m.num_features
+                m.running_mean.copy_(torch.randn(n, generator=gen))
+                m.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
+                m.weight.copy_(torch.randn(n, generator=gen))
+                m.bias.copy_(torch.randn(n, generator=gen))
+
+
+@pytest.mark.parametrize("make", [lambda: MinkUNet(4, 5, width=0.25), lambda: ResNet(4, (8, 16), (1, 1), 3)])
+def test_fused_model_equals_eval_model(make):
+    torch.manual_seed(0)
+    model = make().double()
+    _randomise_bn(model)
+    model.eval()
+    x = _scan()
+    with torch.no_grad():
+        ref = model(x)
+        fused = fuse_conv_bn(model)
+        out = fused(x)
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in fused.modules())
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    assert model.training is False and any(isinstance(m, BatchNorm) for m in model.modules())
+
+
+def test_fold_relu_and_grouped_weights():
+    torch.manual_seed(0)
+    x = _scan(dtype=torch.float64)
+    seq = Sequential(Conv3d(4, 8, 3, groups=2, bias=True), BatchNorm(8), ReLU()).double()
+    _randomise_bn(seq, seed=1)
+    seq.eval()
+    fused = fuse_conv_bn(seq)
+    assert len(fused) == 1 and fused[0].activation == "relu" and fused[0].bias is not None
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x).feats, seq(x).feats, rtol=1e-10, atol=1e-10)
+
+
+def test_fold_batchnorm_bad_input():
+    conv = Conv3d(4, 8, 3)
+    with pytest.raises(ValueError, match="bn has 4 features"):
+        fold_batchnorm(conv, torch.nn.BatchNorm1d(4))
+    with pytest.raises(TypeError, match="conv must be"):
+        fold_batchnorm(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(8))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        Conv3d(4, 8, 3, activation="gelu")
