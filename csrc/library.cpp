@@ -10,6 +10,21 @@
 //            output-stationary view of the same pairs, given only for maps with at most one input
 //            per (output, relation) and no scale; lets the CUDA kernel avoid atomics. It must
 //            describe exactly the pairs in in_index/out_index (RelationalMap guarantees that).
+//            On CUDA the pairs may be left out when a table is given: empty in_index, out_index
+//            AND rel_ptr mean "pairs not materialised"; the forward reads only the table and the
+//            backward rebuilds the pairs from it.
+//
+// Kernel-map builders (CUDA only; the CPU path builds maps in torch, relconv/voxel/kernel_map.py).
+// Coordinates are [N, 4] int32 (batch, x, y, z) rows.
+//   coord_hash(coords) -> (slots, error): open-addressing table of row indices (-1 empty) and an
+//            int32 [1] error word (1 = duplicate rows, 2 = negative batch); no host sync.
+//   kernel_map_table(in_coords, slots, out_coords, kernel_size, step, dtype) -> [M, K] table of
+//            the input row at out_coords[m] + offset_k * step, -1 = none (offsets as
+//            relconv.voxel.kernel_map.kernel_offsets); no host sync.
+//   transpose_neighbor_table(table, num_in) -> [num_in, K] table of the transposed map.
+//   strided_coords(coords, step, input_error) -> [M, 4] unique floor(p / step) * step sites in
+//            order of first occurrence; one host sync (the count, read together with the error
+//            words), raises ValueError on bad coordinates.
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -22,6 +37,12 @@ TORCH_LIBRARY(relconv, m) {
   m.def(
       "relational_conv_weight_grad(Tensor x, Tensor grad_out, Tensor in_index, "
       "Tensor out_index, Tensor rel_ptr, Tensor? scale, int groups) -> Tensor");
+  m.def("coord_hash(Tensor coords) -> (Tensor, Tensor)");
+  m.def(
+      "kernel_map_table(Tensor in_coords, Tensor slots, Tensor out_coords, int[3] kernel_size, "
+      "int[3] step, ScalarType dtype) -> Tensor");
+  m.def("transpose_neighbor_table(Tensor table, int num_in) -> Tensor");
+  m.def("strided_coords(Tensor coords, int[3] step, Tensor? input_error=None) -> Tensor");
 }
 
 PYBIND11_MODULE(_C, m) {

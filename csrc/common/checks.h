@@ -20,10 +20,19 @@ struct ConvShape {
   int64_t num_pairs;      // P
 };
 
+// True when a neighbour table is given and the pair lists are not: empty in_index, out_index and
+// rel_ptr (a map built as a table materialises its pairs only when a consumer needs them). Only the
+// CUDA forward accepts this; everything else needs the pairs.
+inline bool pairs_absent(const std::optional<at::Tensor>& table, const at::Tensor& in_index,
+                         const at::Tensor& out_index, const at::Tensor& rel_ptr) {
+  return table.has_value() && rel_ptr.numel() == 0 && in_index.numel() == 0 && out_index.numel() == 0;
+}
+
 // Checks the pair arrays, rel_ptr and scale against each other and against `like` (device).
+// With `allow_absent_pairs`, an empty rel_ptr is accepted (see pairs_absent).
 inline void check_map(const at::Tensor& like, const at::Tensor& in_index, const at::Tensor& out_index,
                       const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale,
-                      at::ScalarType feat_dtype) {
+                      at::ScalarType feat_dtype, bool allow_absent_pairs = false) {
   TORCH_CHECK_VALUE(in_index.dim() == 1, "in_index must be 1-D, got shape ", in_index.sizes());
   TORCH_CHECK_VALUE(out_index.dim() == 1, "out_index must be 1-D, got shape ", out_index.sizes());
   TORCH_CHECK_VALUE(in_index.numel() == out_index.numel(), "in_index (", in_index.numel(),
@@ -33,7 +42,7 @@ inline void check_map(const at::Tensor& like, const at::Tensor& in_index, const 
   TORCH_CHECK_VALUE(out_index.scalar_type() == in_index.scalar_type(),
                     "out_index dtype (", out_index.scalar_type(), ") must match in_index dtype (",
                     in_index.scalar_type(), ")");
-  TORCH_CHECK_VALUE(rel_ptr.dim() == 1 && rel_ptr.numel() >= 1,
+  TORCH_CHECK_VALUE(rel_ptr.dim() == 1 && (rel_ptr.numel() >= 1 || allow_absent_pairs),
                     "rel_ptr must be 1-D with num_relations + 1 entries, got shape ", rel_ptr.sizes());
   TORCH_CHECK_VALUE(rel_ptr.scalar_type() == at::kLong, "rel_ptr must be int64, got ",
                     rel_ptr.scalar_type());
@@ -59,9 +68,12 @@ inline void check_features(const char* name, const at::Tensor& t) {
                     name, " must be float32, float64, float16 or bfloat16, got ", dt);
 }
 
+// With `allow_absent_pairs` (the CUDA table forward), empty pair lists and rel_ptr are accepted and
+// ConvShape::num_pairs is -1 (unknown).
 inline ConvShape check_conv_args(const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& in_index, const at::Tensor& out_index,
-                                 const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale) {
+                                 const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale,
+                                 bool allow_absent_pairs = false) {
   check_features("x", x);
   TORCH_CHECK_VALUE(weight.dim() == 4, "weight must be 4-D [R, groups, C_in/groups, C_out/groups], got ",
                     weight.sizes());
@@ -69,9 +81,10 @@ inline ConvShape check_conv_args(const at::Tensor& x, const at::Tensor& weight,
                     ") must match x dtype (", x.scalar_type(), ")");
   TORCH_CHECK_VALUE(weight.device() == x.device(), "weight must be on ", x.device(), " like x, got ",
                     weight.device());
-  check_map(x, in_index, out_index, rel_ptr, scale, x.scalar_type());
-  ConvShape s{weight.size(0), weight.size(1), weight.size(2), weight.size(3), in_index.numel()};
-  TORCH_CHECK_VALUE(rel_ptr.numel() == s.num_relations + 1, "rel_ptr has ", rel_ptr.numel(),
+  check_map(x, in_index, out_index, rel_ptr, scale, x.scalar_type(), allow_absent_pairs);
+  const bool absent = allow_absent_pairs && rel_ptr.numel() == 0;
+  ConvShape s{weight.size(0), weight.size(1), weight.size(2), weight.size(3), absent ? -1 : in_index.numel()};
+  TORCH_CHECK_VALUE(absent || rel_ptr.numel() == s.num_relations + 1, "rel_ptr has ", rel_ptr.numel(),
                     " entries but weight has ", s.num_relations, " relations (expected R + 1 = ",
                     s.num_relations + 1, ")");
   TORCH_CHECK_VALUE(x.size(1) == s.groups * s.cin_g, "x has ", x.size(1),

@@ -178,7 +178,8 @@ void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t s
 at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& table,
                                       const ConvShape& s, int64_t num_out) {
   if (num_out == 0 || s.cout_g == 0) return at::empty({num_out, s.groups * s.cout_g}, x.options());
-  if (s.num_pairs == 0 || s.cin_g == 0 || s.num_relations == 0) {
+  // The pair count may be unknown here (s.num_pairs == -1): an all -1 table yields zeros anyway.
+  if (s.num_pairs == 0 || s.cin_g == 0 || s.num_relations == 0 || x.size(0) == 0) {
     return at::zeros({num_out, s.groups * s.cout_g}, x.options());
   }
   check_int32_channels(s);
@@ -212,7 +213,9 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                 const std::optional<at::Tensor>& scale, int64_t num_out,
                                 const std::optional<at::Tensor>& neighbor_table) {
-  const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
+  // A map built as a neighbour table passes no pairs to an inference forward (pairs_absent).
+  const bool table_only = pairs_absent(neighbor_table, in_index, out_index, rel_ptr);
+  const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale, table_only);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
   check_neighbor_table(neighbor_table, in_index, scale, num_out, s.num_relations);

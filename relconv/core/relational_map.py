@@ -19,6 +19,11 @@ class RelationalMap:
     Pairs of relation `r` are `p in [rel_ptr[r], rel_ptr[r+1])`. The sizes a kernel launch needs are
     plain ints, so a forward pass over a built map never reads device memory on the host.
 
+    A map with at most one input per slot can also be built from its output-stationary neighbour
+    table alone (`from_neighbor_table`, what the CUDA voxel builders produce); its pair lists are then
+    materialised on first use (one host synchronisation, cached), so a forward that runs over the
+    table never needs them.
+
     Attributes:
         in_index:  [P] int32/int64, row of the input features.
         out_index: [P] same dtype, row of the output.
@@ -26,18 +31,20 @@ class RelationalMap:
         scale:     optional [P] float per-pair factor (e.g. 1/deg for mean aggregation).
         num_in, num_out, num_relations: plain ints.
         unique_slots: True when every (out, relation) slot has at most one input (voxel maps);
-            enables the output-stationary neighbour table.
+            enables the output-stationary neighbour table. Checked when the map is validated.
     """
 
     __slots__ = (
-        "in_index",
-        "out_index",
-        "rel_ptr",
+        "_in_index",
+        "_out_index",
+        "_rel_ptr",
         "scale",
         "num_in",
         "num_out",
         "num_relations",
         "unique_slots",
+        "index_dtype",
+        "device",
         "_cache",
     )
 
@@ -52,16 +59,21 @@ class RelationalMap:
         unique_slots: bool = False,
         validate: bool = True,
     ) -> None:
-        self.in_index = in_index
-        self.out_index = out_index
-        self.rel_ptr = rel_ptr
+        """Wraps pair lists. `validate=True` checks every invariant the kernels trust against the data
+        (index ranges, rel_ptr, the `unique_slots` claim) with one host synchronisation; `False`
+        means the caller vouches for them (relconv's own builders do, by construction)."""
+        self._in_index: Tensor | None = in_index
+        self._out_index: Tensor | None = out_index
+        self._rel_ptr: Tensor | None = rel_ptr
         self.scale = scale
         self.num_in = int(num_in)
         self.num_out = int(num_out)
-        self.num_relations = int(rel_ptr.numel()) - 1
         self.unique_slots = bool(unique_slots)
         self._cache: dict[str, object] = {}
         self._check_metadata()
+        self.num_relations = int(rel_ptr.numel()) - 1
+        self.index_dtype = in_index.dtype
+        self.device = in_index.device
         if validate:
             self.validate()
 
@@ -77,12 +89,17 @@ class RelationalMap:
         num_relations: int,
         scale: Tensor | None = None,
         index_dtype: torch.dtype | None = None,
-    ) -> RelationalMap:
+        return_perm: bool = False,
+    ) -> RelationalMap | tuple[RelationalMap, Tensor]:
         """Builds a map from unsorted triples `(in_index[e], out_index[e], relation[e])`.
 
         Pairs are sorted by (relation, out_index, in_index): grouped by relation for the kernels, and
         in a canonical order so that maps built on CPU and CUDA compare equal. Validates ranges
-        (one host synchronisation, at build time only).
+        (host synchronisations at build time only).
+
+        With `return_perm=True` also returns the [P] int64 permutation `perm` with pair p = triple
+        perm[p], so callers can reorder per-edge data without sorting again; runs of equal
+        (relation, out) are contiguous in that order.
         """
         for name, t in (("in_index", in_index), ("out_index", out_index), ("relation", relation)):
             if not isinstance(t, Tensor) or t.dim() != 1:
@@ -102,14 +119,11 @@ class RelationalMap:
             if n < 0:
                 raise ValueError(f"{name} must be non-negative, got {n}")
         relation = relation.long()
-        if relation.numel():
-            lo, hi = torch.aminmax(relation)
-            if lo.item() < 0 or hi.item() >= num_relations:
-                raise ValueError(
-                    f"relation values must lie in [0, {num_relations}), got [{lo.item()}, {hi.item()}]"
-                )
-        _check_range("in_index", in_index, num_in)
-        _check_range("out_index", out_index, num_out)
+        check_index_range(
+            ("relation", relation, num_relations),
+            ("in_index", in_index, num_in),
+            ("out_index", out_index, num_out),
+        )
         # Composite key (relation, out, in) fits int64 whenever R * num_out * num_in < 2^63; otherwise
         # fall back to two stable sorts.
         key_space = max(num_relations, 1) * max(num_out, 1) * max(num_in, 1)
@@ -126,7 +140,7 @@ class RelationalMap:
         idt = index_dtype or index_dtype_for(num_in, num_out, in_index.numel())
         if scale is not None:
             scale = _check_scale(scale, in_index.numel(), in_index.device)[order]
-        return cls(
+        rmap = cls(
             in_index[order].to(idt),
             out_index[order].to(idt),
             rel_ptr,
@@ -136,21 +150,84 @@ class RelationalMap:
             unique_slots=False,
             validate=False,
         )
+        return (rmap, order) if return_perm else rmap
+
+    @classmethod
+    def from_neighbor_table(cls, table: Tensor, num_in: int, validate: bool = True) -> RelationalMap:
+        """A map given by its output-stationary table `[num_out, R]` (input row or -1 per slot).
+
+        The pair lists are materialised on first use, in the canonical (relation, out) order, with
+        the table's index dtype. `validate=True` checks the entries lie in [-1, num_in) (one host
+        synchronisation); relconv's CUDA voxel builders pass False (valid by construction).
+        """
+        if not isinstance(table, Tensor) or table.dim() != 2:
+            raise ValueError(f"table must be a 2-D tensor [num_out, R], got {_describe(table)}")
+        if table.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"table must be int32 or int64, got {table.dtype}")
+        if table.shape[1] < 1:
+            raise ValueError(f"table needs at least one relation column, got shape {tuple(table.shape)}")
+        if num_in < 0:
+            raise ValueError(f"num_in must be non-negative, got {num_in}")
+        if table.dtype == torch.int32 and max(num_in, table.shape[0]) > _INT32_MAX:
+            raise ValueError("int32 indices cannot address more than 2^31 - 1 rows; use int64")
+        if validate and table.numel():
+            lo, hi = (int(v) for v in torch.aminmax(table.long()))
+            if lo < -1 or hi >= num_in:
+                raise ValueError(f"table values must lie in [-1, {num_in}), got [{lo}, {hi}]")
+        rmap = cls.__new__(cls)
+        rmap._in_index = rmap._out_index = rmap._rel_ptr = None
+        rmap.scale = None
+        rmap.num_in = int(num_in)
+        rmap.num_out = int(table.shape[0])
+        rmap.num_relations = int(table.shape[1])
+        rmap.unique_slots = True
+        rmap.index_dtype = table.dtype
+        rmap.device = table.device
+        rmap._cache = {"neighbor_table": table}
+        return rmap
 
     # ------------------------------------------------------------------ properties
+    @property
+    def in_index(self) -> Tensor:
+        return self._pairs()[0]
+
+    @property
+    def out_index(self) -> Tensor:
+        return self._pairs()[1]
+
+    @property
+    def rel_ptr(self) -> Tensor:
+        return self._pairs()[2]
+
+    @property
+    def has_pairs(self) -> bool:
+        """False while a map built from a neighbour table has not materialised its pair lists."""
+        return self._in_index is not None
+
     @property
     def num_pairs(self) -> int:
         return self.in_index.numel()
 
-    @property
-    def device(self) -> torch.device:
-        return self.in_index.device
+    def absent_pairs(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Empty (in_index, out_index, rel_ptr): tells the CUDA table forward "pairs not given". Cached."""
+        empty = self._cache.get("absent_pairs")
+        if empty is None:
+            idx = torch.empty(0, dtype=self.index_dtype, device=self.device)
+            empty = (idx, idx, torch.empty(0, dtype=torch.int64, device=self.device))
+            self._cache["absent_pairs"] = empty
+        return empty
+
+    def _pairs(self) -> tuple[Tensor, Tensor, Tensor]:
+        if self._in_index is None:
+            self._in_index, self._out_index, self._rel_ptr = pairs_from_table(self._cache["neighbor_table"])
+        return self._in_index, self._out_index, self._rel_ptr
 
     def __repr__(self) -> str:
+        pairs = self.num_pairs if self.has_pairs else "not materialised"
         return (
             f"RelationalMap(num_in={self.num_in}, num_out={self.num_out}, "
-            f"num_relations={self.num_relations}, num_pairs={self.num_pairs}, "
-            f"index_dtype={self.in_index.dtype}, scale={self.scale is not None}, device={self.device})"
+            f"num_relations={self.num_relations}, num_pairs={pairs}, "
+            f"index_dtype={self.index_dtype}, scale={self.scale is not None}, device={self.device})"
         )
 
     # ------------------------------------------------------------------ derived maps
@@ -176,6 +253,9 @@ class RelationalMap:
         device = torch.device(device)
         if device == self.device:
             return self
+        if not self.has_pairs:
+            table = self.neighbor_table().to(device, non_blocking=non_blocking)
+            return RelationalMap.from_neighbor_table(table, self.num_in, validate=False)
         return RelationalMap(
             self.in_index.to(device, non_blocking=non_blocking),
             self.out_index.to(device, non_blocking=non_blocking),
@@ -227,7 +307,7 @@ class RelationalMap:
         table = self._cache.get("neighbor_table")
         if table is None:
             table = torch.full(
-                (self.num_out, self.num_relations), -1, dtype=self.in_index.dtype, device=self.device
+                (self.num_out, self.num_relations), -1, dtype=self.index_dtype, device=self.device
             )
             table[self.out_index.long(), self.relation_of_pairs()] = self.in_index
             self._cache["neighbor_table"] = table
@@ -236,7 +316,7 @@ class RelationalMap:
     # ------------------------------------------------------------------ validation
     def _check_metadata(self) -> None:
         """Checks shapes, dtypes and devices (no device reads)."""
-        ii, oi, rp = self.in_index, self.out_index, self.rel_ptr
+        ii, oi, rp = self._in_index, self._out_index, self._rel_ptr
         for name, t in (("in_index", ii), ("out_index", oi), ("rel_ptr", rp)):
             if not isinstance(t, Tensor) or t.dim() != 1:
                 raise ValueError(f"{name} must be a 1-D tensor, got {_describe(t)}")
@@ -264,31 +344,76 @@ class RelationalMap:
             raise ValueError("int32 indices cannot address more than 2^31 - 1 rows; use int64")
 
     def validate(self) -> RelationalMap:
-        """Checks index ranges and rel_ptr against the data (synchronises with the device)."""
-        rp = self.rel_ptr
-        if rp[0].item() != 0:
-            raise ValueError(f"rel_ptr must start at 0, got {rp[0].item()}")
-        if rp[-1].item() != self.num_pairs:
-            raise ValueError(
-                f"rel_ptr[-1] = {rp[-1].item()} must equal the number of pairs ({self.num_pairs})"
-            )
-        if (rp.diff() < 0).any().item():
+        """Checks rel_ptr, index ranges and the `unique_slots` claim against the data.
+
+        All checks are computed on the device and read back together: one host synchronisation.
+        """
+        if not self.has_pairs:
+            return self  # a table map's pairs come from its table: one input per slot by construction
+        ii, oi, rp = self._in_index, self._out_index, self._rel_ptr
+        stats = [rp[0], rp[-1], (rp.diff() < 0).any().long()]
+        if ii.numel():
+            stats += [*torch.aminmax(ii.long()), *torch.aminmax(oi.long())]
+        if self.unique_slots and ii.numel() > 1:
+            stats.append(_repeated_slots(self.relation_of_pairs(), oi, self.num_out))
+        got = torch.stack([v.reshape(()).long() for v in stats]).tolist()
+        if got[0] != 0:
+            raise ValueError(f"rel_ptr must start at 0, got {got[0]}")
+        if got[1] != self.num_pairs:
+            raise ValueError(f"rel_ptr[-1] = {got[1]} must equal the number of pairs ({self.num_pairs})")
+        if got[2]:
             raise ValueError("rel_ptr must be monotone non-decreasing")
-        _check_range("in_index", self.in_index, self.num_in)
-        _check_range("out_index", self.out_index, self.num_out)
+        if ii.numel():
+            _raise_out_of_range("in_index", got[3], got[4], self.num_in)
+            _raise_out_of_range("out_index", got[5], got[6], self.num_out)
+        if self.unique_slots and ii.numel() > 1 and got[7]:
+            raise ValueError(
+                "unique_slots=True claims at most one input per (output, relation) slot, but some slot "
+                "has several; build the map without unique_slots (graph maps) or drop the duplicates"
+            )
         return self
+
+
+def pairs_from_table(table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(in_index, out_index, rel_ptr) of the pairs in a neighbour table `[num_out, R]`.
+
+    Sorted by (relation, out), in the table's index dtype. One host synchronisation (`nonzero`).
+    """
+    hit = table.t() >= 0
+    rel, out = hit.nonzero(as_tuple=True)
+    inp = table[out, rel]
+    rel_ptr = torch.zeros(table.shape[1] + 1, dtype=torch.int64, device=table.device)
+    torch.cumsum(hit.sum(1), 0, out=rel_ptr[1:])
+    return inp, out.to(table.dtype), rel_ptr
+
+
+def check_index_range(*checks: tuple[str, Tensor, int]) -> None:
+    """Raises ValueError naming the first `(name, index, size)` whose values leave [0, size).
+
+    The one home for index range checks: all bounds are computed on the device and read back
+    together, one host synchronisation for any number of checks.
+    """
+    live = [(name, index, size) for name, index, size in checks if index.numel()]
+    if not live:
+        return
+    bounds = torch.stack([torch.stack(torch.aminmax(index.long())) for _, index, _ in live]).tolist()
+    for (name, _, size), (lo, hi) in zip(live, bounds, strict=True):
+        _raise_out_of_range(name, lo, hi, size)
+
+
+def _raise_out_of_range(name: str, lo: int, hi: int, size: int) -> None:
+    if lo < 0 or hi >= size:
+        raise ValueError(f"{name} values must lie in [0, {size}), got [{lo}, {hi}]")
+
+
+def _repeated_slots(relation: Tensor, out_index: Tensor, num_out: int) -> Tensor:
+    """0-d bool tensor: does any (relation, out) slot hold more than one pair? (no host sync)"""
+    key = torch.sort(relation * max(num_out, 1) + out_index.long()).values
+    return (key[1:] == key[:-1]).any()
 
 
 def _describe(t: object) -> str:
     return f"shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-
-
-def _check_range(name: str, index: Tensor, size: int) -> None:
-    if index.numel() == 0:
-        return
-    lo, hi = torch.aminmax(index)
-    if lo.item() < 0 or hi.item() >= size:
-        raise ValueError(f"{name} values must lie in [0, {size}), got [{lo.item()}, {hi.item()}]")
 
 
 def _check_scale(scale: Tensor, num_pairs: int, device: torch.device) -> Tensor:

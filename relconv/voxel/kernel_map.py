@@ -1,13 +1,21 @@
-"""Kernel maps from coordinates: sorted packed keys + one batched `searchsorted`, no hash tables.
+"""Kernel maps from coordinates: a CUDA hash-table engine, and a torch reference for every device.
 
-The same torch code runs on CPU and CUDA, so both devices build identical maps. Each builder packs
-the coordinates into int64 keys (`relconv.voxel.keys`), sorts the input keys once, forms the query
-keys of ALL K kernel offsets at once as a `[K, num_out]` tensor and looks them up with one
-`torch.searchsorted`; the hits become the pairs of a `RelationalMap` whose relation is the kernel
-offset index. `nonzero` over the `[K, num_out]` hit mask yields pairs already grouped by offset and,
-within an offset, sorted by output row: the canonical (relation, out, in) order of
-`RelationalMap.from_triples`, built without its extra sort. Host synchronisations per map: the
-coordinate bounds, the duplicate check and the pair count (O(1), independent of K).
+CUDA coordinates go to the `relconv::coord_hash` / `kernel_map_table` / `strided_coords` ops
+(csrc/cuda/kernel_map*.cuh): a hash table over the coordinate rows (kept per coordinate set in a
+`CoordIndex`) answers every kernel-offset query of every output straight into the output-stationary
+neighbour table `[num_out, K]`, and the map is built from that table with its pair lists left to
+materialise on first use. No coordinate bounds, no packing, no copies from the host; host syncs:
+one to validate a new coordinate set (none for coordinates relconv's strided builder made) and one
+per downsampling step to size its output (the validation read rides along with it).
+
+CPU coordinates (and generative maps) take the torch path: each builder packs the coordinates into
+int64 keys (`relconv.voxel.keys`), sorts the input keys once, forms the query keys of ALL K kernel
+offsets at once as a `[K, num_out]` tensor and looks them up with one `torch.searchsorted`; the hits
+become the pairs of a `RelationalMap` whose relation is the kernel offset index. `nonzero` over the
+`[K, num_out]` hit mask yields pairs already grouped by offset and, within an offset, sorted by
+output row: the canonical (relation, out, in) order of `RelationalMap.from_triples`, built without
+its extra sort. Strided output coordinates come out sorted by (batch, x, y, z) on this path and in
+order of first occurrence on the CUDA path; both are the same set.
 
 Offsets follow `relconv.voxel.conv`'s convention: x slowest, z fastest; per axis an odd kernel k
 covers -(k-1)/2 .. (k-1)/2 and an even kernel covers 0 .. k-1, times dilation * tensor stride.
@@ -18,9 +26,73 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
 from relconv.core import RelationalMap, index_dtype_for
 from relconv.voxel.keys import KeyPacking, bounds, make_packing
 from relconv.voxel.utils import Triple
+
+
+class CoordIndex:
+    """CUDA hash table over one coordinate set's rows, built on first use, and its validation state.
+
+    Shared through `MapCache` by every map built from the same coordinates. `trusted=True` marks
+    coordinates that are valid by construction (outputs of `strided_map`), so they are never read
+    back; otherwise the insert kernel's error word (duplicates, negative batch) is read once, the
+    first time a map needs it.
+    """
+
+    __slots__ = ("coords", "validated", "_slots", "_error")
+
+    def __init__(self, coords: Tensor, trusted: bool = False) -> None:
+        self.coords = coords
+        self.validated = trusted
+        self._slots: Tensor | None = None
+        self._error: Tensor | None = None
+
+    def slots(self) -> Tensor:
+        """The hash table (int32 row per slot, -1 empty); no host synchronisation."""
+        if self._slots is None:
+            self._slots, self._error = torch.ops.relconv.coord_hash(self.coords)
+        return self._slots
+
+    def pending_error(self) -> Tensor | None:
+        """The device error word while the coordinates are unchecked, else None."""
+        if self.validated:
+            return None
+        self.slots()
+        return self._error
+
+    def ensure_valid(self) -> None:
+        """Raises ValueError for duplicate rows or negative batch indices (one sync, first call only)."""
+        error = self.pending_error()
+        if error is None:
+            return
+        bits = int(error.item())
+        if bits & 2:
+            raise ValueError("coords batch indices (column 0) must be non-negative")
+        if bits & 1:
+            raise ValueError(
+                "coords contain duplicate (batch, x, y, z) rows; merge them first with "
+                "VoxelTensor.coalesce() or voxelize()"
+            )
+        self.validated = True
+
+
+def _index_for(coords: Tensor, index: CoordIndex | None) -> CoordIndex:
+    if index is not None and index.coords is not coords:
+        raise ValueError("index must be the CoordIndex of these coords")
+    return index if index is not None else CoordIndex(coords)
+
+
+def _table_map(
+    in_coords: Tensor, index: CoordIndex, out_coords: Tensor, kernel_size: Triple, step: Triple
+) -> RelationalMap:
+    """Map given by the CUDA neighbour table of `out_coords` against the hashed `in_coords`."""
+    num_in, num_out = in_coords.shape[0], out_coords.shape[0]
+    volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    dtype = index_dtype_for(num_in, num_out, num_out * volume)
+    table = torch.ops.relconv.kernel_map_table(in_coords, index.slots(), out_coords, kernel_size, step, dtype)
+    return RelationalMap.from_neighbor_table(table, num_in, validate=False)
 
 
 def axis_offsets(k: int) -> range:
@@ -78,16 +150,26 @@ def _search(sorted_keys: Tensor, perm: Tensor, queries: Tensor, num_out: int) ->
 
 
 def submanifold_map(
-    coords: Tensor, kernel_size: Triple, dilation: Triple, tensor_stride: Triple
+    coords: Tensor,
+    kernel_size: Triple,
+    dilation: Triple,
+    tensor_stride: Triple,
+    index: CoordIndex | None = None,
 ) -> RelationalMap:
     """Map with output coordinates = input coordinates: pair (i, o, k) iff p_i = p_o + offset_k.
 
     Args:
         coords: [N, 4] int32 (batch, x, y, z), multiples of `tensor_stride`, no duplicates.
+        index: CUDA only: the coordinates' cached `CoordIndex`; with a validated one the build does
+            no host synchronisation.
     Returns:
         RelationalMap with num_in = num_out = N, K = prod(kernel_size) relations.
     """
     step = tuple(d * t for d, t in zip(dilation, tensor_stride, strict=True))
+    if coords.is_cuda:
+        index = _index_for(coords, index)
+        index.ensure_valid()
+        return _table_map(coords, index, coords, kernel_size, step)
     lo, hi = bounds(coords)
     packing = make_packing(lo, hi, _reach(kernel_size, step))
     keys, perm = _sorted_keys(packing, coords)
@@ -118,18 +200,30 @@ def strided_map(
     dilation: Triple,
     tensor_stride: Triple,
     out_coords: Tensor | None = None,
+    index: CoordIndex | None = None,
 ) -> tuple[RelationalMap, Tensor]:
     """Downsampling map: outputs q = unique(floor(p / (s*t)) * (s*t)); pair iff p_i = q_o + offset_k.
 
     Args:
         coords: [N, 4] int32 input coordinates at tensor stride `tensor_stride`.
         out_coords: the output coordinates when already known (e.g. cached on the tensor); they
-            must equal `strided_output_coords(coords, stride, tensor_stride)`.
+            must be the same set as `strided_output_coords(coords, stride, tensor_stride)`.
+        index: CUDA only: the input coordinates' cached `CoordIndex`.
     Returns:
-        (map with num_in = N and num_out = M, out_coords [M, 4] int32 at tensor stride s * t).
+        (map with num_in = N and num_out = M, out_coords [M, 4] int32 at tensor stride s * t;
+        sorted by (batch, x, y, z) on CPU, in order of first occurrence on CUDA).
     """
     step = tuple(d * t for d, t in zip(dilation, tensor_stride, strict=True))
     out_step = tuple(s * t for s, t in zip(stride, tensor_stride, strict=True))
+    if coords.is_cuda:
+        index = _index_for(coords, index)
+        if out_coords is None:
+            # The one host sync of a downsampling step; it also reads the input's error word.
+            out_coords = torch.ops.relconv.strided_coords(coords, out_step, index.pending_error())
+            index.validated = True
+        else:
+            index.ensure_valid()
+        return _table_map(coords, index, out_coords, kernel_size, step), out_coords
     reach = _reach(kernel_size, step)
     lo, hi = bounds(coords)
     packing = make_packing(lo, hi, tuple(r + s for r, s in zip(reach, out_step, strict=True)))
@@ -146,8 +240,12 @@ def transposed_map(forward: RelationalMap) -> RelationalMap:
 
     A voxel map is injective both ways for a fixed offset (q = p - offset), so the transposed map
     still has at most one input per (output, offset) slot; `RelationalMap.transpose()` cannot know
-    that for general maps and drops the flag.
+    that for general maps and drops the flag. A CUDA table map transposes its table on the device
+    (no pairs, no sync).
     """
+    if forward.device.type == "cuda" and not forward.has_pairs:
+        table = torch.ops.relconv.transpose_neighbor_table(forward.neighbor_table(), forward.num_in)
+        return RelationalMap.from_neighbor_table(table, forward.num_out, validate=False)
     return RelationalMap(
         forward.out_index,
         forward.in_index,

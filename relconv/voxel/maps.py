@@ -73,15 +73,21 @@ def _forward_entry(x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: 
     entry = x.cache.maps.get(key)
     if entry is not None and entry.in_coords.shape[0] == len(x):
         return entry
+    index = x.cache.coord_index(x.coords, ts)
     if generative:
         rmap, out = km.generative_map(x.coords, k, s, d, ts)
         entry = MapEntry(rmap, x.coords, ts, out, tuple(t // si for t, si in zip(ts, s, strict=True)))
     elif s == (1, 1, 1):
-        entry = MapEntry(km.submanifold_map(x.coords, k, d, ts), x.coords, ts, x.coords, ts)
+        entry = MapEntry(km.submanifold_map(x.coords, k, d, ts, index=index), x.coords, ts, x.coords, ts)
     else:
         out_ts = tuple(t * si for t, si in zip(ts, s, strict=True))
-        rmap, out = km.strided_map(x.coords, k, s, d, ts, out_coords=x.cache.coords.get(out_ts))
-        x.cache.coords.setdefault(out_ts, out)
+        known = x.cache.coords.get(out_ts)
+        rmap, out = km.strided_map(x.coords, k, s, d, ts, out_coords=known, index=index)
+        if known is None:
+            x.cache.coords[out_ts] = out
+            if out.is_cuda:
+                # Made by relconv's strided builder: unique by construction, never read back.
+                x.cache.indexes[out_ts] = km.CoordIndex(out, trusted=True)
         entry = MapEntry(rmap, x.coords, ts, out, out_ts)
     x.cache.maps[key] = entry
     return entry
@@ -103,10 +109,11 @@ def _downsampling_entry_for_transpose(x: VoxelTensor, k: Triple, s: Triple, d: T
             "cache has not seen; downsample from them first, pass the indice_key of that strided "
             "conv, or use generative=True to create new coordinates"
         )
+    index = x.cache.coord_index(fine, out_ts)
     if s == (1, 1, 1):
-        entry = MapEntry(km.submanifold_map(fine, k, d, out_ts), fine, out_ts, fine, out_ts)
+        entry = MapEntry(km.submanifold_map(fine, k, d, out_ts, index=index), fine, out_ts, fine, out_ts)
     else:
-        rmap, out = km.strided_map(fine, k, s, d, out_ts, out_coords=x.coords)
+        rmap, out = km.strided_map(fine, k, s, d, out_ts, out_coords=x.coords, index=index)
         entry = MapEntry(rmap, fine, out_ts, out, ts)
     x.cache.maps[key] = entry
     return entry

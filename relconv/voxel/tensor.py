@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from relconv.core import RelationalMap
+from relconv.voxel.kernel_map import CoordIndex
 from relconv.voxel.keys import bounds, check_coords, make_packing
 from relconv.voxel.utils import Triple, triple
 
@@ -31,12 +32,24 @@ class MapCache:
 
     `coords` holds the coordinates at each tensor stride reached so far (a transposed conv finds its
     output coordinates here), `maps` the maps keyed by (kind, tensor stride, kernel size, conv stride,
-    dilation) and `named` the maps registered under an `indice_key`.
+    dilation), `named` the maps registered under an `indice_key` and `indexes` the CUDA hash table
+    and validation state of the coordinates at each tensor stride.
     """
 
     coords: dict[Triple, Tensor] = field(default_factory=dict)
     maps: dict[tuple, MapEntry] = field(default_factory=dict)
     named: dict[str, MapEntry] = field(default_factory=dict)
+    indexes: dict[Triple, CoordIndex] = field(default_factory=dict)
+
+    def coord_index(self, coords: Tensor, stride: Triple) -> CoordIndex | None:
+        """The `CoordIndex` of CUDA `coords` at tensor stride `stride` (created once); None on CPU."""
+        if not coords.is_cuda:
+            return None
+        index = self.indexes.get(stride)
+        if index is None or index.coords is not coords:
+            index = CoordIndex(coords)
+            self.indexes[stride] = index
+        return index
 
 
 class VoxelTensor:

@@ -80,3 +80,69 @@ def test_int32_cannot_address_beyond_2_31():
             4,
             validate=False,
         )
+
+
+def _voxel_like_table():
+    return torch.tensor([[3, 1], [4, -1], [0, 1]], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_map_from_table_materialises_pairs_lazily(device):
+    table = _voxel_like_table().to(device)
+    m = RelationalMap.from_neighbor_table(table, num_in=5)
+    assert not m.has_pairs and m.unique_slots and m.neighbor_table() is table
+    assert (m.num_in, m.num_out, m.num_relations, m.index_dtype) == (5, 3, 2, torch.int32)
+    assert "not materialised" in repr(m)
+    # Same pairs, same canonical (relation, out) order as the pair-built map.
+    ref = RelationalMap.from_triples(
+        torch.tensor([3, 4, 0, 1, 1]), torch.tensor([0, 1, 2, 0, 2]), torch.tensor([0, 0, 0, 1, 1]), 5, 3, 2
+    )
+    assert m.num_pairs == 5 and m.has_pairs
+    assert m.in_index.tolist() == ref.in_index.tolist() and m.out_index.tolist() == ref.out_index.tolist()
+    assert m.rel_ptr.tolist() == ref.rel_ptr.tolist() and m.in_index.dtype == torch.int32
+    moved = RelationalMap.from_neighbor_table(table, 5).to("cpu")
+    assert torch.equal(moved.neighbor_table().cpu(), table.cpu())
+
+
+def test_map_from_table_checks_its_entries():
+    with pytest.raises(ValueError, match="table values must lie in"):
+        RelationalMap.from_neighbor_table(_voxel_like_table(), num_in=4)
+    with pytest.raises(ValueError, match="table must be int32 or int64"):
+        RelationalMap.from_neighbor_table(_voxel_like_table().float(), num_in=5)
+
+
+def test_table_forward_on_cpu_uses_lazy_pairs():
+    from relconv.ops import relational_conv
+
+    m = RelationalMap.from_neighbor_table(_voxel_like_table(), num_in=5)
+    x, w = torch.randn(5, 4, dtype=torch.float64), torch.randn(2, 4, 3, dtype=torch.float64)
+    out = relational_conv(x, w, m)
+    want = torch.stack([x[3] @ w[0] + x[1] @ w[1], x[4] @ w[0], x[0] @ w[0] + x[1] @ w[1]])
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrong_unique_slots_claim_raises(device):
+    ii, oi, rel = torch.tensor([3, 4, 0]), torch.tensor([0, 0, 2]), torch.tensor([1, 1, 0])
+    m = RelationalMap.from_triples(ii, oi, rel, 5, 3, 2).to(device)
+    with pytest.raises(ValueError, match="unique_slots=True claims"):
+        RelationalMap(m.in_index, m.out_index, m.rel_ptr, 5, 3, unique_slots=True)
+    # The same slots under different relations are fine.
+    ok = RelationalMap.from_triples(ii, oi, torch.tensor([0, 1, 0]), 5, 3, 2).to(device)
+    assert RelationalMap(ok.in_index, ok.out_index, ok.rel_ptr, 5, 3, unique_slots=True).unique_slots
+
+
+def test_from_triples_returns_its_permutation():
+    ii, oi, rel = _triples(seed=3)
+    m, perm = RelationalMap.from_triples(ii, oi, rel, 30, 25, 7, return_perm=True)
+    assert perm.dtype == torch.int64 and sorted(perm.tolist()) == list(range(200))
+    assert torch.equal(m.in_index.long(), ii[perm]) and torch.equal(m.out_index.long(), oi[perm])
+    assert torch.equal(m.relation_of_pairs(), rel[perm])
+
+
+def test_check_index_range_names_the_argument():
+    from relconv.core import check_index_range
+
+    check_index_range(("a", torch.tensor([0, 4]), 5), ("b", torch.zeros(0, dtype=torch.long), 0))
+    with pytest.raises(ValueError, match=r"b values must lie in \[0, 3\), got \[-1, 2\]"):
+        check_index_range(("a", torch.tensor([0, 4]), 5), ("b", torch.tensor([2, -1]), 3))

@@ -1,0 +1,236 @@
+// CUDA launch wrappers of the kernel-map builders (kernels in kernel_map_hash.cuh and
+// kernel_map_query.cuh). Only relconv_strided_coords reads device memory on the host: the number of
+// coarse sites sizes its output, and the error words of the same call ride along in that one copy.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cub/device/device_select.cuh>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "cuda/kernel_map_hash.cuh"
+#include "cuda/kernel_map_query.cuh"
+
+namespace relconv {
+namespace {
+
+// The hash table's slots are int32 row indices at most half full.
+constexpr int64_t kMaxHashRows = int64_t{1} << 30;
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + cuda::kMapThreads - 1) / cuda::kMapThreads;
+  TORCH_CHECK(b <= std::numeric_limits<int32_t>::max(), "relconv kernel maps: ", n, " threads is too many");
+  return static_cast<unsigned>(b);
+}
+
+// Coordinates as the kernels read them: [N, 4] int32, contiguous, rows 16-byte aligned.
+at::Tensor row_major_coords(const at::Tensor& coords, const char* name) {
+  TORCH_CHECK_VALUE(coords.dim() == 2 && coords.size(1) == 4, name,
+                    " must have shape [N, 4] = (batch, x, y, z), got ", coords.sizes());
+  TORCH_CHECK_VALUE(coords.scalar_type() == at::kInt, name, " must be int32, got ", coords.scalar_type());
+  TORCH_CHECK_VALUE(coords.is_cuda(), name, " must be a CUDA tensor, got ", coords.device());
+  TORCH_CHECK_VALUE(coords.size(0) <= kMaxHashRows, name, " has ", coords.size(0),
+                    " rows; CUDA kernel maps support at most 2^30");
+  at::Tensor c = coords.contiguous();
+  if (reinterpret_cast<uintptr_t>(c.const_data_ptr()) % 16 != 0) c = c.clone();
+  return c;
+}
+
+int64_t hash_capacity(int64_t n) {
+  int64_t cap = 32;
+  while (cap < 2 * n) cap *= 2;
+  return cap;
+}
+
+cuda::HashView view(const at::Tensor& coords, const at::Tensor& slots) {
+  return cuda::HashView{coords.const_data_ptr<int32_t>(), slots.const_data_ptr<int32_t>(),
+                        static_cast<uint32_t>(slots.numel() - 1)};
+}
+
+at::Tensor check_slots(const at::Tensor& slots, const at::Tensor& coords) {
+  TORCH_CHECK_VALUE(slots.dim() == 1 && slots.scalar_type() == at::kInt && slots.numel() >= 2 &&
+                        (slots.numel() & (slots.numel() - 1)) == 0,
+                    "slots must be the int32 power-of-two table from relconv::coord_hash, got ",
+                    slots.scalar_type(), " of shape ", slots.sizes());
+  TORCH_CHECK_VALUE(slots.device() == coords.device(), "slots is on ", slots.device(), " but coords on ",
+                    coords.device());
+  TORCH_CHECK_VALUE(slots.numel() > coords.size(0), "slots has ", slots.numel(), " entries for ",
+                    coords.size(0), " coordinate rows; it was built for other coordinates");
+  return slots.contiguous();
+}
+
+// Hash table over `coords` rows plus an int32 [1] error word (kErr* bits); no host synchronisation.
+std::tuple<at::Tensor, at::Tensor> coord_hash_cuda(const at::Tensor& coords) {
+  const at::Tensor c = row_major_coords(coords, "coords");
+  const c10::cuda::CUDAGuard guard(c.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t n = c.size(0);
+  at::Tensor slots = at::full({hash_capacity(n)}, cuda::kEmptySlot, c.options());
+  at::Tensor error = at::zeros({1}, c.options());
+  if (n > 0) {
+    cuda::hash_insert_rows<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
+        c.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(),
+        static_cast<uint32_t>(slots.numel() - 1), error.mutable_data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {slots, error};
+}
+
+cuda::KernelGeometry geometry(at::IntArrayRef kernel_size, at::IntArrayRef step) {
+  TORCH_CHECK_VALUE(kernel_size.size() == 3, "kernel_size must have 3 entries, got ", kernel_size.size());
+  TORCH_CHECK_VALUE(step.size() == 3, "step must have 3 entries, got ", step.size());
+  cuda::KernelGeometry g{};
+  int64_t volume = 1;
+  for (int a = 0; a < 3; ++a) {
+    TORCH_CHECK_VALUE(kernel_size[a] >= 1 && kernel_size[a] <= 1024, "kernel_size must lie in [1, 1024], got ",
+                      kernel_size);
+    TORCH_CHECK_VALUE(step[a] >= 1 && step[a] <= std::numeric_limits<int32_t>::max(),
+                      "step (dilation * tensor stride) must lie in [1, 2^31), got ", step);
+    g.size[a] = static_cast<int32_t>(kernel_size[a]);
+    g.step[a] = step[a];
+    volume *= kernel_size[a];
+  }
+  TORCH_CHECK_VALUE(volume <= std::numeric_limits<int32_t>::max(), "kernel volume ", volume, " is too large");
+  g.volume = static_cast<int32_t>(volume);
+  return g;
+}
+
+// [M, K] table: input row (of `in_coords`, through its hash `slots`) at out_coords[m] + offset_k * step.
+at::Tensor kernel_map_table_cuda(const at::Tensor& in_coords, const at::Tensor& slots, const at::Tensor& out_coords,
+                                 at::IntArrayRef kernel_size, at::IntArrayRef step, at::ScalarType dtype) {
+  const at::Tensor ci = row_major_coords(in_coords, "in_coords");
+  const at::Tensor co = row_major_coords(out_coords, "out_coords");
+  TORCH_CHECK_VALUE(co.device() == ci.device(), "out_coords is on ", co.device(), " but in_coords on ",
+                    ci.device());
+  const at::Tensor s = check_slots(slots, ci);
+  TORCH_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "dtype must be int32 or int64, got ", dtype);
+  const cuda::KernelGeometry g = geometry(kernel_size, step);
+  const c10::cuda::CUDAGuard guard(ci.device());
+  const int64_t m = co.size(0);
+  at::Tensor table = at::empty({m, g.volume}, ci.options().dtype(dtype));
+  if (m == 0) return table;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const unsigned blocks = blocks_for(m * g.volume);
+  if (dtype == at::kInt) {
+    cuda::neighbor_table_kernel<int32_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
+        view(ci, s), co.const_data_ptr<int32_t>(), m, g, table.mutable_data_ptr<int32_t>());
+  } else {
+    cuda::neighbor_table_kernel<int64_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
+        view(ci, s), co.const_data_ptr<int32_t>(), m, g, table.mutable_data_ptr<int64_t>());
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return table;
+}
+
+// [num_in, K] table of the transposed map from the [num_out, K] table of a voxel map.
+at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in) {
+  TORCH_CHECK_VALUE(table.dim() == 2, "table must be 2-D [num_out, K], got shape ", table.sizes());
+  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
+                    "table must be int32 or int64, got ", table.scalar_type());
+  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
+  TORCH_CHECK_VALUE(num_in >= 0, "num_in must be non-negative, got ", num_in);
+  TORCH_CHECK_VALUE(table.size(1) <= std::numeric_limits<int32_t>::max(), "table has too many columns");
+  const c10::cuda::CUDAGuard guard(table.device());
+  const at::Tensor t = table.contiguous();
+  const int64_t num_out = t.size(0), volume = t.size(1);
+  at::Tensor out = at::full({num_in, volume}, -1, t.options());
+  if (num_out * volume == 0) return out;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const unsigned blocks = blocks_for(num_out * volume);
+  if (t.scalar_type() == at::kInt) {
+    cuda::transpose_table_kernel<int32_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
+        t.const_data_ptr<int32_t>(), num_out, static_cast<int32_t>(volume), out.mutable_data_ptr<int32_t>());
+  } else {
+    cuda::transpose_table_kernel<int64_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
+        t.const_data_ptr<int64_t>(), num_out, static_cast<int32_t>(volume), out.mutable_data_ptr<int64_t>());
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+void raise_coord_errors(int32_t bits) {
+  TORCH_CHECK_VALUE(!(bits & cuda::kErrNegativeBatch), "coords batch indices (column 0) must be non-negative");
+  TORCH_CHECK_VALUE(!(bits & cuda::kErrDuplicate),
+                    "coords contain duplicate (batch, x, y, z) rows; merge them first with "
+                    "VoxelTensor.coalesce() or voxelize()");
+  TORCH_CHECK_VALUE(!(bits & cuda::kErrOverflow),
+                    "coords: a strided output coordinate (rounded down to the stride) leaves the int32 range");
+}
+
+// Unique coarse sites floor(p / step) * step of `coords`, in order of first occurrence. The one host
+// read of this call fetches the site count together with the coarse overflow flag and, when given,
+// the error word of the input's own hash (`input_error`), so validating a new input costs nothing more.
+at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
+                               const std::optional<at::Tensor>& input_error) {
+  const at::Tensor c = row_major_coords(coords, "coords");
+  TORCH_CHECK_VALUE(step.size() == 3, "step must have 3 entries, got ", step.size());
+  for (int a = 0; a < 3; ++a) {
+    TORCH_CHECK_VALUE(step[a] >= 1 && step[a] <= std::numeric_limits<int32_t>::max(),
+                      "step (stride * tensor stride) must lie in [1, 2^31), got ", step);
+  }
+  const c10::cuda::CUDAGuard guard(c.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t n = c.size(0);
+  // status = [site count, coarse error bits, input error bits], read back in one copy.
+  at::Tensor status = at::zeros({3}, c.options());
+  if (input_error.has_value()) {
+    TORCH_CHECK_VALUE(input_error->numel() == 1 && input_error->scalar_type() == at::kInt &&
+                          input_error->device() == c.device(),
+                      "input_error must be the int32 [1] error word of relconv::coord_hash on ", c.device());
+    status.slice(0, 2, 3).copy_(input_error->reshape({1}));
+  }
+  at::Tensor coarse = at::empty_like(c);
+  at::Tensor slots = at::full({hash_capacity(n)}, cuda::kEmptySlot, c.options().dtype(at::kInt));
+  at::Tensor representative = at::empty({n}, c.options());
+  at::Tensor rows = at::empty({n}, c.options());
+  int32_t* st = status.mutable_data_ptr<int32_t>();
+  if (n > 0) {
+    const unsigned blocks = blocks_for(n);
+    cuda::coarse_coords_kernel<<<blocks, cuda::kMapThreads, 0, stream>>>(
+        c.const_data_ptr<int32_t>(), n, step[0], step[1], step[2], coarse.mutable_data_ptr<int32_t>(), st + 1);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const auto mask = static_cast<uint32_t>(slots.numel() - 1);
+    cuda::hash_insert_min_rows<<<blocks, cuda::kMapThreads, 0, stream>>>(
+        coarse.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(), mask);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    cuda::site_representatives_kernel<<<blocks, cuda::kMapThreads, 0, stream>>>(
+        view(coarse, slots), n, representative.mutable_data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // Stable select: kept rows stay in increasing order, i.e. sites in order of first occurrence.
+    size_t temp_bytes = 0;
+    C10_CUDA_CHECK(cub::DeviceSelect::If(nullptr, temp_bytes, representative.const_data_ptr<int32_t>(),
+                                         rows.mutable_data_ptr<int32_t>(), st, static_cast<int>(n),
+                                         cuda::IsNonNegative{}, stream));
+    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, c.options().dtype(at::kByte));
+    C10_CUDA_CHECK(cub::DeviceSelect::If(temp.mutable_data_ptr(), temp_bytes,
+                                         representative.const_data_ptr<int32_t>(), rows.mutable_data_ptr<int32_t>(),
+                                         st, static_cast<int>(n), cuda::IsNonNegative{}, stream));
+  }
+  const at::Tensor host = status.to(at::kCPU);
+  const int32_t* h = host.const_data_ptr<int32_t>();
+  raise_coord_errors(h[1] | h[2]);
+  const int64_t m = h[0];
+  at::Tensor out = at::empty({m, 4}, c.options());
+  if (m > 0) {
+    cuda::gather_rows_kernel<<<blocks_for(m), cuda::kMapThreads, 0, stream>>>(
+        coarse.const_data_ptr<int32_t>(), rows.const_data_ptr<int32_t>(), m, out.mutable_data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
+  m.impl("coord_hash", &coord_hash_cuda);
+  m.impl("kernel_map_table", &kernel_map_table_cuda);
+  m.impl("transpose_neighbor_table", &transpose_neighbor_table_cuda);
+  m.impl("strided_coords", &strided_coords_cuda);
+}
+
+}  // namespace relconv

@@ -1,0 +1,106 @@
+#pragma once
+// Kernel-map kernels over the coordinate hash table (kernel_map_hash.cuh): neighbour tables of
+// submanifold and strided maps, the transposed table, and the coarse sites of a strided conv.
+#include <cstdint>
+#include <limits>
+
+#include "cuda/kernel_map_hash.cuh"
+
+namespace relconv::cuda {
+
+// Kernel offsets follow relconv.voxel.kernel_map.kernel_offsets: weight order x slowest, z
+// fastest; per axis an odd size k covers -(k-1)/2 .. (k-1)/2 and an even size 0 .. k-1. They are
+// recomputed from k in registers, so building a map copies nothing from the host.
+struct KernelGeometry {
+  int32_t size[3];  // kernel size per axis
+  int64_t step[3];  // dilation * tensor stride per axis, in coordinate units
+  int32_t volume;   // size[0] * size[1] * size[2] = relations K
+};
+
+__device__ __forceinline__ int64_t axis_offset(int32_t idx, int32_t size) {
+  return (size & 1) ? idx - size / 2 : idx;
+}
+
+__device__ __forceinline__ bool fits_int32(int64_t v) {
+  return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+}
+
+// table[o, k] = input row at out_coords[o] + offset_k * step, or -1. One thread per (o, k) with k
+// fastest, so a warp writes consecutive table entries and re-reads one output row from cache.
+// Queries that leave the int32 range cannot match any input and are misses.
+template <typename Idx>
+__global__ void neighbor_table_kernel(HashView in, const int32_t* __restrict__ out_coords, int64_t num_out,
+                                      KernelGeometry g, Idx* __restrict__ table) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= num_out * g.volume) return;
+  const int64_t o = t / g.volume;
+  const int32_t k = static_cast<int32_t>(t - o * g.volume);
+  const int32_t kz = k % g.size[2];
+  const int32_t ky = (k / g.size[2]) % g.size[1];
+  const int32_t kx = k / (g.size[2] * g.size[1]);
+  const Coord p = load_coord(out_coords, o);
+  const int64_t qx = p.x + axis_offset(kx, g.size[0]) * g.step[0];
+  const int64_t qy = p.y + axis_offset(ky, g.size[1]) * g.step[1];
+  const int64_t qz = p.z + axis_offset(kz, g.size[2]) * g.step[2];
+  int32_t row = -1;
+  if (fits_int32(qx) && fits_int32(qy) && fits_int32(qz)) {
+    row = in.find(Coord{p.b, static_cast<int32_t>(qx), static_cast<int32_t>(qy), static_cast<int32_t>(qz)});
+  }
+  table[t] = static_cast<Idx>(row);
+}
+
+// The transposed map's table from a forward table: pair (i, o, k) becomes (o, i, k). Every input
+// row feeds at most one output per offset (q = p - offset is unique), so the writes never collide.
+// `transposed` must be filled with -1 first.
+template <typename Idx>
+__global__ void transpose_table_kernel(const Idx* __restrict__ table, int64_t num_out, int32_t volume,
+                                       Idx* __restrict__ transposed) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= num_out * volume) return;
+  const Idx row = table[t];
+  if (row < 0) return;
+  const int64_t o = t / volume;
+  transposed[static_cast<int64_t>(row) * volume + (t - o * volume)] = static_cast<Idx>(o);
+}
+
+__device__ __forceinline__ int64_t floor_to_step(int32_t v, int64_t step) {
+  const int64_t q = v >= 0 ? v / step : -((-static_cast<int64_t>(v) + step - 1) / step);
+  return q * step;
+}
+
+// coarse[i] = (b, floor(p / step) * step per axis): the output site that input row i falls into.
+// Rounding down can leave int32 for coordinates near its minimum; those raise kErrOverflow.
+__global__ void coarse_coords_kernel(const int32_t* __restrict__ coords, int64_t n, int64_t sx, int64_t sy,
+                                     int64_t sz, int32_t* __restrict__ coarse, int32_t* __restrict__ error) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const Coord p = load_coord(coords, i);
+  const int64_t x = floor_to_step(p.x, sx), y = floor_to_step(p.y, sy), z = floor_to_step(p.z, sz);
+  if (!fits_int32(x) || !fits_int32(y) || !fits_int32(z)) atomicOr(error, kErrOverflow);
+  reinterpret_cast<int4*>(coarse)[i] =
+      make_int4(p.b, static_cast<int32_t>(x), static_cast<int32_t>(y), static_cast<int32_t>(z));
+}
+
+// representative[i] = i when row i is the smallest row of its coarse site (the slot's value after
+// hash_insert_min_rows), else -1; a stable select of the non-negative entries lists the sites in
+// order of first occurrence.
+__global__ void site_representatives_kernel(HashView coarse, int64_t n, int32_t* __restrict__ representative) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t row = coarse.find(load_coord(coarse.coords, i));
+  representative[i] = row == static_cast<int32_t>(i) ? row : -1;
+}
+
+// out[m] = coords[rows[m]] for the selected representative rows.
+__global__ void gather_rows_kernel(const int32_t* __restrict__ coords, const int32_t* __restrict__ rows, int64_t m,
+                                   int32_t* __restrict__ out) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= m) return;
+  reinterpret_cast<int4*>(out)[j] = __ldg(reinterpret_cast<const int4*>(coords) + rows[j]);
+}
+
+struct IsNonNegative {
+  __host__ __device__ __forceinline__ bool operator()(int32_t v) const { return v >= 0; }
+};
+
+}  // namespace relconv::cuda

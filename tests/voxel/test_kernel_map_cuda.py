@@ -1,0 +1,186 @@
+"""CUDA kernel-map engine against the torch reference (CPU) maps, compared in coordinate space."""
+
+import pytest
+import torch
+from voxel_markers import requires_cuda
+
+from relconv.ops import relational_conv
+from relconv.voxel import VoxelTensor
+from relconv.voxel import kernel_map as km
+from relconv.voxel.maps import layer_map
+
+pytestmark = requires_cuda
+
+
+def scene(n=2000, size=12, batch=2, stride=1, seed=0):
+    """Distinct int32 coordinates around the origin (negative ones included), shuffled rows."""
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randint(0, batch, (n,), generator=g)
+    xyz = torch.randint(-size, size, (n, 3), generator=g) * stride
+    coords = torch.unique(torch.cat([b[:, None], xyz], 1), dim=0)
+    return coords[torch.randperm(coords.shape[0], generator=g)].int()
+
+
+def coord_triples(rmap, in_coords, out_coords):
+    """{(input coordinate, output coordinate, offset)}: independent of row order."""
+    rmap = rmap.to("cpu")
+    ci, co = in_coords.cpu().tolist(), out_coords.cpu().tolist()
+    rel = rmap.relation_of_pairs().tolist()
+    pairs = zip(rmap.in_index.tolist(), rmap.out_index.tolist(), rel, strict=True)
+    return {(tuple(ci[i]), tuple(co[o]), r) for i, o, r in pairs}
+
+
+KERNELS = [(3, 3, 3), (2, 2, 2), (5, 1, 3), (4, 3, 2)]
+GEOMETRY = [((1, 1, 1), 1), ((2, 1, 3), 1), ((1, 1, 1), 2)]  # (dilation, tensor stride)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dilation,ts", GEOMETRY)
+def test_submanifold_matches_reference(kernel, dilation, ts):
+    coords = scene(stride=ts)
+    t3 = (ts, ts, ts)
+    ref = km.submanifold_map(coords, kernel, dilation, t3)
+    got = km.submanifold_map(coords.cuda(), kernel, dilation, t3)
+    assert got.unique_slots and got.num_in == got.num_out == coords.shape[0]
+    assert not got.has_pairs  # built as a table; pairs come on demand
+    assert torch.equal(got.neighbor_table().cpu().long(), ref.neighbor_table().long())
+    assert coord_triples(got, coords, coords) == coord_triples(ref, coords, coords)
+    assert got.num_pairs == ref.num_pairs and torch.equal(got.rel_ptr.cpu(), ref.rel_ptr)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("stride", [2, 3])
+@pytest.mark.parametrize("dilation,ts", GEOMETRY)
+def test_strided_matches_reference(kernel, stride, dilation, ts):
+    coords = scene(stride=ts, seed=stride)
+    s3, t3 = (stride,) * 3, (ts, ts, ts)
+    ref, ref_out = km.strided_map(coords, kernel, s3, dilation, t3)
+    got, got_out = km.strided_map(coords.cuda(), kernel, s3, dilation, t3)
+    assert got_out.dtype == torch.int32 and got_out.shape == ref_out.shape
+    assert set(map(tuple, got_out.cpu().tolist())) == set(map(tuple, ref_out.tolist()))
+    # Output order is the first occurrence of each coarse site in input row order.
+    step = torch.tensor([1, stride * ts, stride * ts, stride * ts])
+    coarse = torch.div(coords.long(), step, rounding_mode="floor") * step
+    first = []
+    seen = set()
+    for row in map(tuple, coarse.tolist()):
+        if row not in seen:
+            seen.add(row)
+            first.append(row)
+    assert got_out.cpu().tolist() == [list(r) for r in first]
+    assert coord_triples(got, coords, got_out) == coord_triples(ref, coords, ref_out)
+    # Given the output coordinates, the map is the same (and no coarse step runs).
+    again, same_out = km.strided_map(coords.cuda(), kernel, s3, dilation, t3, out_coords=got_out)
+    assert same_out is got_out and torch.equal(again.neighbor_table(), got.neighbor_table())
+
+
+@pytest.mark.parametrize("kernel", [(2, 2, 2), (3, 3, 3)])
+def test_transposed_table_is_the_transposed_pair_set(kernel):
+    coords = scene(seed=5)
+    fwd, out = km.strided_map(coords.cuda(), kernel, (2, 2, 2), (1, 1, 1), (1, 1, 1))
+    tr = km.transposed_map(fwd)
+    assert tr.unique_slots and not tr.has_pairs and (tr.num_in, tr.num_out) == (fwd.num_out, fwd.num_in)
+    want = {(o, i, r) for i, o, r in coord_triples(fwd, coords, out)}
+    assert coord_triples(tr, out, coords) == want
+    expected = torch.full((fwd.num_in, fwd.num_relations), -1, dtype=torch.int64)
+    fwd_cpu = fwd.to("cpu")
+    expected[fwd_cpu.in_index.long(), fwd_cpu.relation_of_pairs()] = fwd_cpu.out_index.long()
+    assert torch.equal(tr.neighbor_table().cpu().long(), expected)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_empty_and_single_voxel(n):
+    coords = torch.tensor([[0, -3, 4, 7]], dtype=torch.int32)[:n]
+    sub = km.submanifold_map(coords.cuda(), (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    assert sub.neighbor_table().shape == (n, 27) and sub.num_pairs == n
+    down, out = km.strided_map(coords.cuda(), (2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 1, 1))
+    ref, ref_out = km.strided_map(coords, (2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 1, 1))
+    assert torch.equal(out.cpu(), ref_out) and down.num_pairs == ref.num_pairs == n
+    assert km.transposed_map(down).neighbor_table().shape == (n, 8)
+
+
+def test_extreme_coordinates_miss_instead_of_overflowing():
+    big = 2**31 - 1
+    coords = torch.tensor([[0, big, -(2**31), 0], [0, big - 1, -(2**31), 0]], dtype=torch.int32)
+    ref = km.submanifold_map(coords.to(torch.int64), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    got = km.submanifold_map(coords.cuda(), (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    # Centre offset (13) finds itself; x -/+ 1 finds the neighbour; nothing crosses int32.
+    table = got.neighbor_table().cpu()
+    assert table[:, 13].tolist() == [0, 1] and table[0, 4].tolist() == 1 and table[1, 22].tolist() == 0
+    assert (table >= 0).sum() == 4 and ref.num_pairs == 2
+
+
+@pytest.mark.parametrize("bad", ["duplicate", "negative_batch"])
+@pytest.mark.parametrize("builder", ["submanifold", "strided"])
+def test_bad_coordinates_raise_and_cuda_survives(bad, builder):
+    coords = scene(n=300, seed=9)
+    if bad == "duplicate":
+        coords = torch.cat([coords, coords[:1]])
+        match = "duplicate"
+    else:
+        coords[5, 0] = -1
+        match = "non-negative"
+    with pytest.raises(ValueError, match=match):
+        if builder == "submanifold":
+            km.submanifold_map(coords.cuda(), (3, 3, 3), (1, 1, 1), (1, 1, 1))
+        else:
+            km.strided_map(coords.cuda(), (2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 1, 1))
+    good = scene(n=300, seed=10).cuda()
+    rmap = km.submanifold_map(good, (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    assert rmap.num_pairs >= good.shape[0]
+    torch.cuda.synchronize()
+
+
+def test_validated_subm_map_and_table_forward_do_not_sync():
+    coords = scene(n=4000, seed=3).cuda()
+    x = VoxelTensor(torch.randn(coords.shape[0], 16, device="cuda", dtype=torch.float16), coords)
+    first = layer_map(x, (3, 3, 3), (1, 1, 1), (1, 1, 1))  # validates the coordinates: one sync
+    x.cache.maps.clear()  # force fresh builds of the other maps on the same coordinate set
+    w = torch.randn(27, 16, 16, device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lm = layer_map(x, (3, 3, 3), (1, 1, 1), (2, 2, 2))
+        lm5 = layer_map(x, (5, 5, 5), (1, 1, 1), (1, 1, 1))
+        with torch.no_grad():
+            out = relational_conv(x.feats, w, lm.rmap)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert not lm.rmap.has_pairs and not lm5.rmap.has_pairs and first.rmap is not lm.rmap
+    ref = relational_conv(x.feats.float().cpu(), w.float().cpu(), lm.rmap.to("cpu"))
+    torch.testing.assert_close(out.float().cpu(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_strided_step_syncs_once_and_its_output_is_trusted():
+    coords = scene(n=4000, seed=4).cuda()
+    x = VoxelTensor(torch.randn(coords.shape[0], 8, device="cuda"), coords)
+    layer_map(x, (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    down = layer_map(x, (2, 2, 2), (2, 2, 2), (1, 1, 1))
+    index = x.cache.indexes[(2, 2, 2)]
+    assert index.coords is down.out_coords and index.validated
+    feats = torch.zeros(down.out_coords.shape[0], 8, device="cuda")
+    coarse = VoxelTensor(feats, down.out_coords, 2, down.out_cache)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sub = layer_map(coarse, (3, 3, 3), (1, 1, 1), (1, 1, 1))
+        up = layer_map(coarse, (2, 2, 2), (2, 2, 2), (1, 1, 1), transposed=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert not sub.rmap.has_pairs and up.out_coords is coords
+
+
+def test_table_map_gradients_match_pair_map():
+    coords = scene(n=1500, seed=6)
+    feats = torch.randn(coords.shape[0], 8, dtype=torch.float16)
+    w = torch.randn(27, 8, 16, dtype=torch.float16) / 4
+    ref_map = km.submanifold_map(coords, (3, 3, 3), (1, 1, 1), (1, 1, 1)).to("cuda")
+    got_map = km.submanifold_map(coords.cuda(), (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    grads = []
+    for rmap in (ref_map, got_map):
+        x = feats.cuda().requires_grad_()
+        wc = w.cuda().requires_grad_()
+        relational_conv(x, wc, rmap).float().square().sum().backward()
+        grads.append((x.grad.float(), wc.grad.float()))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=2e-2)
