@@ -26,11 +26,20 @@ def _with_cuda() -> bool:
 
 
 def _extension():
-    sources = ["csrc/library.cpp", *_sources("csrc/cpu/*.cpp")]
+    sources = ["csrc/library.cpp", *_sources("csrc/dispatch/*.cpp"), *_sources("csrc/cpu/*.cpp")]
     include_dirs = [os.path.join(ROOT, "csrc")]
-    cxx = ["-O3", "-std=c++17"]
+    # at::parallel_for is an inline OpenMP loop: without -fopenmp every CPU parallel loop runs on one
+    # thread. The OpenMP runtime that loads is torch's own libgomp, so torch.set_num_threads applies.
+    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    link = ["-fopenmp"]
     if not _with_cuda():
-        return CppExtension("relconv._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx})
+        return CppExtension(
+            "relconv._C",
+            sources,
+            include_dirs=include_dirs,
+            extra_compile_args={"cxx": cxx},
+            extra_link_args=link,
+        )
     nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-DRELCONV_WITH_CUDA"]
     return CUDAExtension(
         "relconv._C",
@@ -38,6 +47,7 @@ def _extension():
         include_dirs=include_dirs,
         define_macros=[("RELCONV_WITH_CUDA", None)],
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        extra_link_args=link,
     )
 
 

@@ -72,16 +72,15 @@ def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int 
         raise ValueError(f"x has {x.shape[1]} channels but weight expects C_in = {w.shape[1] * w.shape[2]}")
     if x.device != rmap.device:
         raise ValueError(f"x is on {x.device} but the map is on {rmap.device}")
-    return _conv(
-        x,
-        w,
-        rmap.in_index,
-        rmap.out_index,
-        rmap.rel_ptr,
-        _scale_for(rmap, x.dtype),
-        rmap.num_out,
-        _output_stationary_table(rmap, x),
-    )
+    table = _output_stationary_table(rmap, x)
+    # The table forward reads no pairs: a map built as a table keeps its pairs unmaterialised (no
+    # host sync) unless autograd will need them for the backward.
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    if table is not None and not rmap.has_pairs and not needs_grad:
+        in_index, out_index, rel_ptr = rmap.absent_pairs()
+    else:
+        in_index, out_index, rel_ptr = rmap.in_index, rmap.out_index, rmap.rel_ptr
+    return _conv(x, w, in_index, out_index, rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out, table)
 
 
 def _output_stationary_table(rmap: RelationalMap, x: Tensor) -> Tensor | None:
@@ -95,9 +94,20 @@ def _output_stationary_table(rmap: RelationalMap, x: Tensor) -> Tensor | None:
     """
     if x.device.type != "cuda" or not rmap.unique_slots or rmap.scale is not None:
         return None
-    if x.dtype not in (torch.float16, torch.bfloat16) and not torch.are_deterministic_algorithms_enabled():
+    if (
+        _compute_dtype(x) not in (torch.float16, torch.bfloat16)
+        and not torch.are_deterministic_algorithms_enabled()
+    ):
         return None
     return rmap.neighbor_table()
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the op computes in: the autocast dtype for an eligible (float32) x under autocast,
+    since the op's autocast kernel casts on entry, else x's own."""
+    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 def relational_conv_weight_grad(x: Tensor, grad_out: Tensor, rmap: RelationalMap, groups: int = 1) -> Tensor:
@@ -131,45 +141,5 @@ def _weight_grad_fake(x, grad_out, in_index, out_index, rel_ptr, scale, groups):
     return x.new_empty((r, groups, x.shape[1] // groups, grad_out.shape[1] // groups))
 
 
-# ---------------------------------------------------------------------------- autograd
-# The input gradient is the same op over the transposed map (in/out swapped, still grouped by
-# relation) with W[r]^T; the weight gradient is its own gather-gather op. Both are themselves
-# differentiable, so double backward works.
-def _conv_setup(ctx, inputs, output):
-    x, weight, in_index, out_index, rel_ptr, scale = inputs[:6]
-    ctx.save_for_backward(x, weight, in_index, out_index, rel_ptr, scale)
-    ctx.num_in = x.shape[0]
-
-
-def _conv_backward(ctx, grad):
-    x, weight, in_index, out_index, rel_ptr, scale = ctx.saved_tensors
-    grad = grad.contiguous()
-    grad_x = grad_w = None
-    if ctx.needs_input_grad[0]:
-        grad_x = _conv(grad, weight.transpose(2, 3), out_index, in_index, rel_ptr, scale, ctx.num_in)
-    if ctx.needs_input_grad[1]:
-        grad_w = _weight_grad(x, grad, in_index, out_index, rel_ptr, scale, weight.shape[1])
-    return grad_x, grad_w, None, None, None, None, None, None
-
-
-def _weight_grad_setup(ctx, inputs, output):
-    x, grad_out, in_index, out_index, rel_ptr, scale, _ = inputs
-    ctx.save_for_backward(x, grad_out, in_index, out_index, rel_ptr, scale)
-
-
-def _weight_grad_backward(ctx, gw):
-    # dW = WG(x, g) is bilinear: d/dx = conv(g, gw^T, transposed map), d/dg = conv(x, gw, map).
-    x, grad_out, in_index, out_index, rel_ptr, scale = ctx.saved_tensors
-    gw = gw.contiguous()
-    dx = dg = None
-    if ctx.needs_input_grad[0]:
-        dx = _conv(grad_out, gw.transpose(2, 3), out_index, in_index, rel_ptr, scale, x.shape[0])
-    if ctx.needs_input_grad[1]:
-        dg = _conv(x, gw, in_index, out_index, rel_ptr, scale, grad_out.shape[0])
-    return dx, dg, None, None, None, None, None
-
-
-torch.library.register_autograd("relconv::relational_conv", _conv_backward, setup_context=_conv_setup)
-torch.library.register_autograd(
-    "relconv::relational_conv_weight_grad", _weight_grad_backward, setup_context=_weight_grad_setup
-)
+# Autograd and autocast of both ops are C++ kernels (csrc/dispatch/): a Python autograd function
+# cost ~30 us of host time per call, and autocast must see the ops to run them in half precision.

@@ -1,0 +1,50 @@
+// Autocast kernels: under torch.autocast the features and weights run in the autocast dtype
+// (fp16/bf16, tensor cores on the GPU) instead of whatever dtype the caller's tensors have. Without
+// them a custom op is invisible to autocast: an fp32 model under autocast ran every relconv conv in
+// fp32 (SIMT) and paid for autocast's casts around it, slower than plain fp32.
+// The per-pair scale stays in its accumulation dtype (float32 for half inputs).
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include "dispatch/ops.h"
+
+namespace relconv {
+namespace {
+
+template <c10::DispatchKey kKey, c10::DeviceType kDevice>
+at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
+                         const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                         const std::optional<at::Tensor>& scale, c10::SymInt num_out,
+                         const std::optional<at::Tensor>& neighbor_table) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
+  const auto dtype = at::autocast::get_autocast_dtype(kDevice);
+  return conv_op().call(at::autocast::cached_cast(dtype, x, kDevice),
+                        at::autocast::cached_cast(dtype, weight, kDevice), in_index, out_index, rel_ptr, scale,
+                        std::move(num_out), neighbor_table);
+}
+
+template <c10::DispatchKey kKey, c10::DeviceType kDevice>
+at::Tensor weight_grad_autocast(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,
+                                const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                                const std::optional<at::Tensor>& scale, int64_t groups) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
+  const auto dtype = at::autocast::get_autocast_dtype(kDevice);
+  return weight_grad_op().call(at::autocast::cached_cast(dtype, x, kDevice),
+                               at::autocast::cached_cast(dtype, grad_out, kDevice), in_index, out_index, rel_ptr,
+                               scale, groups);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(relconv, AutocastCUDA, m) {
+  m.impl("relational_conv", &conv_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
+  m.impl("relational_conv_weight_grad",
+         &weight_grad_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>);
+}
+
+TORCH_LIBRARY_IMPL(relconv, AutocastCPU, m) {
+  m.impl("relational_conv", &conv_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
+  m.impl("relational_conv_weight_grad", &weight_grad_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>);
+}
+
+}  // namespace relconv

@@ -1,0 +1,33 @@
+// Typed handles to the relconv ops through the dispatcher, for kernels registered at other dispatch
+// keys (autograd, autocast) that call back into the ops.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace relconv {
+
+using ConvSignature = at::Tensor(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
+                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                                 const std::optional<at::Tensor>& scale, c10::SymInt num_out,
+                                 const std::optional<at::Tensor>& neighbor_table);
+using WeightGradSignature = at::Tensor(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,
+                                       const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                                       const std::optional<at::Tensor>& scale, int64_t groups);
+
+inline const c10::TypedOperatorHandle<ConvSignature>& conv_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("relconv::relational_conv", "").typed<ConvSignature>();
+  return op;
+}
+
+inline const c10::TypedOperatorHandle<WeightGradSignature>& weight_grad_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("relconv::relational_conv_weight_grad", "")
+                             .typed<WeightGradSignature>();
+  return op;
+}
+
+}  // namespace relconv
