@@ -11,6 +11,10 @@ FLOPs / measured dense-matmul rate), both ceilings measured in the same run by t
 
     python -m benchmarks.ops.bench_relational_conv                      # GPU, full sizes
     python -m benchmarks.ops.bench_relational_conv --device cpu --tiny  # CI smoke (< 30 s)
+    python -m benchmarks.ops.bench_relational_conv --device cpu --threads 1,2,16 --dtypes fp32
+
+`--threads` repeats every row at each intra-op thread count (`torch.set_num_threads`), for relconv
+and the loop alike; the CPU goal is relconv >= 2x the loop at every count.
 """
 
 from __future__ import annotations
@@ -192,6 +196,7 @@ def bench_row(
     floor = ceilings.floor_ms(nbytes, flops, dname) / 1e3
     return {
         "map": name,
+        "threads": torch.get_num_threads(),
         "num_pairs": rmap.num_pairs,
         "num_relations": r,
         "num_in": rmap.num_in,
@@ -214,9 +219,20 @@ def bench_row(
 
 
 # ---------------------------------------------------------------------------- main
+def _thread_counts(text: str) -> list[int]:
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        msg = f"--threads must be comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--threads needs positive thread counts, got {text!r}")
+    return counts
+
+
 def print_table(rows: list[dict]) -> None:
     head = (
-        f"{'map':7} {'path':5} {'P':>8} {'R':>3} {'C':>4} {'dtype':8} {'pass':7} "
+        f"{'map':7} {'thr':>3} {'path':5} {'P':>8} {'R':>3} {'C':>4} {'dtype':8} {'pass':7} "
         f"{'relconv ms':>10} {'ref ms':>9} "
         f"{'speedup':>7} {'floor ms':>9} {'x floor':>7} {'rel err':>8}"
     )
@@ -224,7 +240,8 @@ def print_table(rows: list[dict]) -> None:
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['map']:7} {r['forward_path']:5} {r['num_pairs']:>8} {r['num_relations']:>3} "
+            f"{r['map']:7} {r['threads']:>3} {r['forward_path']:5} {r['num_pairs']:>8} "
+            f"{r['num_relations']:>3} "
             f"{r['channels']:>4} {r['dtype']:8} {r['pass']:7} "
             f"{r['time_relconv_s'] * 1e3:>10.3f} {r['time_reference_s'] * 1e3:>9.3f} "
             f"{r['speedup']:>7.1f} {r['floor_s'] * 1e3:>9.4f} {r['time_over_floor']:>7.1f} "
@@ -246,6 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=None, help="timed runs per row (default 30, tiny 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 5, tiny 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=_thread_counts,
+        default=None,
+        help="comma-separated intra-op thread counts to run every row at, e.g. 1,2,16 (default: torch's)",
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "ops"))
     args = parser.parse_args(argv)
 
@@ -270,11 +293,15 @@ def main(argv: list[str] | None = None) -> None:
 
     ceilings = measure_ceilings(device, args.tiny)
     rows = []
-    for name, rmap in maps.items():
-        for c in channels:
-            for dname in args.dtypes:
-                for backward in (False, True):
-                    rows.append(bench_row(name, rmap, c, dname, backward, device, ceilings, timing, gen))
+    default_threads = torch.get_num_threads()
+    for threads in args.threads or [default_threads]:
+        torch.set_num_threads(threads)
+        for name, rmap in maps.items():
+            for c in channels:
+                for dname in args.dtypes:
+                    for backward in (False, True):
+                        rows.append(bench_row(name, rmap, c, dname, backward, device, ceilings, timing, gen))
+    torch.set_num_threads(default_threads)
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

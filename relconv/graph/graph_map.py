@@ -32,7 +32,7 @@ class RGCNMap:
             out = target node, relation = the slot's relation.
     """
 
-    __slots__ = ("rmap", "aggr", "edge_perm", "slot_index", "slot_map")
+    __slots__ = ("rmap", "aggr", "edge_perm", "slot_index", "slot_map", "_mean_scales")
 
     def __init__(
         self,
@@ -51,6 +51,8 @@ class RGCNMap:
         self.edge_perm = edge_perm
         self.slot_index = slot_index
         self.slot_map = slot_map
+        # 1/deg in precisions other than the map's own float32, made on first use (fp64 layers only).
+        self._mean_scales: dict[torch.dtype, Tensor] = {}
 
     @property
     def num_src(self) -> int:
@@ -85,13 +87,37 @@ class RGCNMap:
             None if self.slot_map is None else self.slot_map.to(device, non_blocking),
         )
 
-    def pair_scale(self, edge_weight: Tensor | None) -> Tensor | None:
-        """Per-pair factor: the aggregation's scale (1/deg_r for mean) times `edge_weight` [E]."""
+    def pair_scale(self, edge_weight: Tensor | None, dtype: torch.dtype = torch.float32) -> Tensor | None:
+        """Per-pair factor: the aggregation's scale (1/deg_r for mean) times `edge_weight` [E].
+
+        `dtype` is the precision of the features it will multiply: float64 gets a float64 scale
+        (computed from the degrees, not widened from float32), anything else float32.
+        """
+        dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        mean = self.mean_scale(dtype)
         if edge_weight is None:
-            return self.rmap.scale
+            return mean
         _check_edge_weight(edge_weight, self.num_edges, self.device)
         w = edge_weight.index_select(0, self.edge_perm)
-        return w if self.rmap.scale is None else w * self.rmap.scale.to(w.dtype)
+        if mean is None:
+            return w
+        dtype = torch.promote_types(w.dtype, dtype)
+        return w.to(dtype) * mean.to(dtype)
+
+    def mean_scale(self, dtype: torch.dtype) -> Tensor | None:
+        """[E] 1 / deg_r(target) in `dtype` (None unless aggr is mean). Cached per dtype."""
+        scale = self.rmap.scale
+        if scale is None or scale.dtype == dtype:
+            return scale
+        exact = self._mean_scales.get(dtype)
+        if exact is None:
+            exact = _slot_degree(self.rmap).to(dtype).reciprocal()
+            self._mean_scales[dtype] = exact
+        return exact
+
+    def conv_map(self, scale: Tensor | None) -> RelationalMap:
+        """`rmap` carrying `scale` (from `pair_scale`); the built map itself when nothing changes."""
+        return self.rmap if scale is self.rmap.scale else self.rmap.with_scale(scale)
 
     def __repr__(self) -> str:
         return (
@@ -188,7 +214,8 @@ def build_rgcn_map(
     torch.cumsum(torch.bincount(rel, minlength=num_relations), 0, out=rel_ptr[1:])
     idt = index_dtype_for(num_src, num_dst, rel.numel())
     out_index = dst.index_select(0, perm).to(idt)
-    scale = (1.0 / slot_size.float()).index_select(0, slot_index) if aggr == "mean" else None
+    # float32 serves every dtype but float64, whose exact scale `RGCNMap.mean_scale` derives on demand.
+    scale = slot_size.float().reciprocal().index_select(0, slot_index) if aggr == "mean" else None
     rmap = RelationalMap(
         src.index_select(0, perm).to(idt), out_index, rel_ptr, num_src, num_dst, scale=scale, validate=False
     )
@@ -209,6 +236,24 @@ def build_rgcn_map(
         validate=False,
     )
     return RGCNMap(rmap, aggr, perm, slot_index, slot_map)
+
+
+def _slot_degree(rmap: RelationalMap) -> Tensor:
+    """[P] int64 number of pairs sharing each pair's (target, relation) slot.
+
+    The pairs are sorted by (relation, target), so every slot is a run; run ids come from a cumulative
+    sum over run starts and run lengths from a scatter-add, with no host synchronisation.
+    """
+    num_pairs = rmap.num_pairs
+    if num_pairs == 0:
+        return torch.zeros(0, dtype=torch.int64, device=rmap.device)
+    key = rmap.relation_of_pairs() * max(rmap.num_out, 1) + rmap.out_index.long()
+    starts = torch.ones(num_pairs, dtype=torch.int64, device=rmap.device)
+    starts[1:] = (key[1:] != key[:-1]).long()
+    run = torch.cumsum(starts, 0) - 1
+    length = torch.zeros(num_pairs, dtype=torch.int64, device=rmap.device)
+    length.index_add_(0, run, torch.ones_like(run))
+    return length.index_select(0, run)
 
 
 def _node_counts(
