@@ -2,6 +2,8 @@
 # One call on the GPU host: build the extension once, then run the named steps, logging under $OUT.
 #   bash benchmarks/gpu_host.sh build test bench-ops ...
 # Steps: build | test (all tests marked cuda) | test-all | any other name = a command in STEPS below.
+# Peer steps (crosscheck, benchmarks.run) need `source benchmarks/peers/activate.sh` first, with
+# .peers/spconv_site.tar.xz, .peers/wcn_built and .peers/ts_built carried.
 set -uo pipefail
 OUT=${OUT:-/tmp/relconv-out}
 mkdir -p "$OUT"
@@ -11,6 +13,7 @@ declare -A STEPS=(
   [test-all]="python -m pytest -q tests -p no:cacheprovider"
   [bench-ops]="python -m benchmarks.ops.bench_relational_conv --device cuda --out $OUT/ops"
   [bench-voxel]="python -m benchmarks.voxel.bench_layers --device cuda --out $OUT/voxel"
+  [crosscheck]="python -m benchmarks.crosscheck --out $OUT/crosscheck"
 )
 status=0
 for step in "$@"; do

@@ -3,6 +3,8 @@
 Cases are named graph/<device>/<graph>/<kind>/... with kind
   layer/C<c>/<aggr>/<dtype>/<map>/<pass>   RGCNConv(C, C, R) with a root weight and bias
   rgcn2/<dtype>/<map>/<pass>               RGCNConv(16 -> 16, bases) -> ReLU -> RGCNConv(16 -> classes)
+CPU cases end in /t1 or /tmax: the case runs with 1 thread or with every core (torch's intra-op
+pool and DGL's OpenMP pool both set; the row's `threads` field holds the count).
 map "fresh" builds relconv's graph map (DGL: its graph) inside the timed region, "cached" outside;
 PyG has no map cache and runs the same call in both. pass "fwd" runs under no_grad, "fwd+bwd" adds
 backward of a fixed upstream gradient (layer) or of the cross-entropy over labelled nodes (model).
@@ -13,6 +15,7 @@ than R-GCN's featureless one-hot input, whose [R, N, 16] weight would not fit fo
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -82,6 +85,13 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
                         pass_=ps,
                     )
                 )
+    threaded = []
+    for s in specs:
+        if s["device"] == "cpu":
+            threaded += [dict(s, threads=t) for t in ("t1", "tmax")]
+        else:
+            threaded.append(s)
+    specs = threaded
     for s in specs:
         tail = (
             f"layer/C{s['C']}/{s['aggr']}/{s['dtype']}/{s['map']}"
@@ -89,7 +99,34 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
             else f"rgcn2/{s['dtype']}/{s['map']}"
         )
         s["case"] = f"graph/{s['device']}/{s['graph']}/{tail}/{s['pass_']}"
+        if "threads" in s:
+            s["case"] += f"/{s['threads']}"
     return specs
+
+
+def thread_count(name: str) -> int:
+    """Threads of a CPU case: "t1" or "tmax" (every core the process may use)."""
+    if name == "t1":
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _threads(count: int | None, use_dgl: bool):
+    """torch's (and DGL's, when loaded) CPU thread count for the case, restored after it."""
+    if count is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(count)
+    if use_dgl:
+        dgl_peer.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+        if use_dgl:
+            dgl_peer.set_num_threads(old)
 
 
 def load_graph(name: str, device: torch.device) -> Graph:
@@ -285,6 +322,9 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
         return [dict(meta, impl="relconv", status=f"unavailable: {type(err).__name__}: {err}"[:300])]
     g: Graph = ctx["graph"]
     meta.update(num_nodes=g.num_nodes, num_edges=int(g.edge_index.shape[1]), num_relations=g.num_relations)
+    threads = thread_count(spec["threads"]) if "threads" in spec else None
+    if threads is not None:
+        meta["threads"] = threads
 
     elem = DTYPES[spec["dtype"]].itemsize
     e = g.edge_index.shape[1]
@@ -306,7 +346,9 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
             continue
         ok, info = peers[peer]
         impls.append((name, partial(_prepare_or_missing, spec, g, device, name, ref_layers, ok, info)))
-    return run_case(meta, impls, device, timing, ceilings, work)
+    use_dgl = "dgl" in peers and peers["dgl"][0]
+    with _threads(threads, use_dgl):
+        return run_case(meta, impls, device, timing, ceilings, work)
 
 
 def _prepare_or_missing(spec, g, device, name, ref_layers, ok, info):

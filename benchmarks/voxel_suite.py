@@ -19,20 +19,20 @@ level floors identically) and given to every implementation in the same row orde
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from benchmarks.harness.bench import PeerMissing, Prepared, Unsupported, run_case
 from benchmarks.harness.floor import DTYPES, conv_layer_work
+from benchmarks.harness.ops import OPS
 from benchmarks.harness.timing import rotation_count
+from benchmarks.harness.tolerances import E2E_TOLERANCE
 from benchmarks.peers import spconv_peer, warpconvnet_peer
-from benchmarks.workloads import real
+from benchmarks.peers import torchsparse as ts_peer
+from benchmarks.workloads.voxels import Scene, load_scene
 
-OPS = {"subm3": (3, 1, False), "down2": (2, 2, False), "down3": (3, 2, False), "up2": (2, 2, True)}
 CHANNELS = (16, 32, 64, 128, 256)
 LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 # (map, pass) pairs timed per layer: map building matters for a forward pass, and a training step
@@ -41,15 +41,7 @@ MAP_PASSES = (("fresh", "fwd"), ("cached", "fwd"), ("cached", "fwd+bwd"))
 SWEEP_WORKLOAD = "scan64"
 OTHER_WORKLOADS = ("scan32", "scan128", "scan64x3", "scan64b2", "indoor", "kitti-real")
 NUM_CLASSES = 19
-E2E_TOLERANCE = 1e-3  # fp32 agreement of whole networks (tens of layers of accumulation)
 DENSE_LIMIT = 2**24  # dense reference only when grid cells x channels stay below this
-
-
-@dataclass
-class Scene:
-    coords: torch.Tensor  # [N, 4] int32 (b, x, y, z), x, y, z >= 0, sorted by (b, x, y, z)
-    feats: torch.Tensor  # [N, 4] float32 (x, y, z, intensity) per voxel
-    batch_size: int
 
 
 def case_specs(devices: list[str], tiny: bool) -> list[dict]:
@@ -109,6 +101,14 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
         if not tiny and dev == "cuda":
             for w in ("scan32", "scan128", "scan64x3", "indoor", "kitti-real"):
                 specs.append(dict(kind="e2e", device=dev, workload=w, width=1.0, mode="infer", dtype="fp16"))
+            # The real scan also in fp32 and as a training step (batch 1: one real scan ships).
+            specs.append(
+                dict(kind="e2e", device=dev, workload="kitti-real", width=1.0, mode="infer", dtype="fp32")
+            )
+            for dt in ("fp32", "fp16"):
+                specs.append(
+                    dict(kind="e2e", device=dev, workload="kitti-real", width=1.0, mode="train", dtype=dt)
+                )
     for s in specs:
         s["suite"] = "voxel"
         if s["kind"] == "layer":
@@ -119,70 +119,6 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
             s["case"] = f"e2e/minkunet{s['width']}/{s['workload']}/{s['mode']}/{s['dtype']}"
         s["case"] = f"voxel/{s['device']}/" + s["case"]
     return specs
-
-
-# ---------------------------------------------------------------------------------------- workloads
-def _scan(beams: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from relconv.voxel import synthetic
-
-    if beams == 32:
-        # HDL-32E-like: +10.67 .. -30.67 deg vertical field of view, ~0.5 deg azimuth steps: ~20k
-        # voxels at 0.05 m (the default 1800 steps of the 64-beam sensor would give ~38k).
-        return synthetic.raycast_scan(beams=32, seed=seed, fov_up=10.67, fov_down=-30.67, azimuth_steps=720)
-    return synthetic.raycast_scan(beams=beams, seed=seed)
-
-
-def _scan_points(name: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Point clouds (points [N, 3], intensity [N]) of a workload, one per batch sample."""
-    from relconv.voxel import synthetic
-
-    if name in ("scan32", "scan64", "scan128"):
-        return [_scan(int(name[4:]), seed=0)]
-    if name.endswith("b2") and name[:-2] in ("scan32", "scan64", "scan128"):
-        return [_scan(int(name[4:-2]), seed=0), _scan(int(name[4:-2]), seed=1)]
-    if name == "scan64x3":
-        # The generator has no sensor pose: three sweeps of a car driving at ~9 m/s (10 Hz) are
-        # approximated by the scan repeated 0.9 m apart along the road, as an aggregate after
-        # ego-motion compensation would look.
-        p, i = synthetic.raycast_scan(beams=64, seed=0)
-        return [
-            (np.concatenate([p + np.array([0.9 * k, 0, 0], np.float32) for k in range(3)]), np.tile(i, 3))
-        ]
-    if name == "indoor":
-        p, colour = synthetic.indoor_room(seed=0)
-        return [(p, colour.mean(1))]
-    if name == "kitti-real":
-        p, i = real.small_gicp_scans()["source"]
-        return [
-            (p.numpy(), np.zeros(len(p), np.float32) if i is None else i.numpy() / max(1.0, float(i.max())))
-        ]
-    if name in ("tiny", "tiny2"):
-        scans = []
-        for seed in range(1 if name == "tiny" else 2):
-            p, i = synthetic.raycast_scan(beams=8, seed=seed, azimuth_steps=180)
-            keep = (np.abs(p[:, 0]) < 6) & (np.abs(p[:, 1]) < 6)
-            scans.append((p[keep], i[keep]))
-        return scans
-    raise ValueError(f"unknown voxel workload {name!r}")
-
-
-def voxel_size(name: str) -> float:
-    return {"indoor": 0.02, "tiny": 0.25, "tiny2": 0.25}.get(name, 0.05)
-
-
-def load_scene(name: str, device: torch.device) -> Scene:
-    from relconv.voxel import voxelize
-
-    clouds = _scan_points(name)
-    points = torch.cat([torch.from_numpy(np.ascontiguousarray(p)) for p, _ in clouds])
-    inten = torch.cat([torch.from_numpy(np.ascontiguousarray(i)).float() for _, i in clouds])
-    batch = torch.cat([torch.full((len(p),), b, dtype=torch.int64) for b, (p, _) in enumerate(clouds)])
-    feats = torch.cat([points, inten[:, None]], 1)
-    vt = voxelize(points, voxel_size(name), batch=batch, feats=feats).tensor
-    coords = vt.coords.clone()
-    shift = torch.div(coords[:, 1:].min(0).values, 16, rounding_mode="floor") * 16
-    coords[:, 1:] -= shift
-    return Scene(coords.to(device), vt.feats.to(device), len(clouds))
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -220,12 +156,22 @@ def _reorder(values: torch.Tensor, keys: torch.Tensor, ref_keys: torch.Tensor) -
     return out.to(values.device).detach()
 
 
-def _layer_fn(spec: dict, make_output, params, inputs, upstream, device):
-    """The timed function of a layer case: forward, or forward + backward of `upstream`."""
+def _training(spec: dict) -> bool:
+    """Layers run in training mode only for fwd+bwd rows. spconv (and TorchSparse++) build extra
+    backward maps and split their forward kernel in training mode, so a forward-only row with a
+    module left in its default training mode timed work an inference user never runs."""
+    return spec["pass_"] == "fwd+bwd"
+
+
+def _layer_fn(spec: dict, make_output, params, inputs, upstream, device, library_precision=None):
+    """The timed function of a layer case: forward, or forward + backward of `upstream`.
+
+    `library_precision(dtype_name)`: a peer's own precision switch, held over forward and backward."""
+    lib = library_precision or (lambda _: contextlib.nullcontext())
     if spec["pass_"] == "fwd":
 
         def fn(f):
-            with torch.no_grad(), _precision(spec["dtype"], device):
+            with torch.no_grad(), _precision(spec["dtype"], device), lib(spec["dtype"]):
                 return make_output(f)
 
         return fn
@@ -235,7 +181,7 @@ def _layer_fn(spec: dict, make_output, params, inputs, upstream, device):
         inputs[i] = f.detach().requires_grad_(True)
 
     def fn(f):
-        with _precision(spec["dtype"], device):
+        with _precision(spec["dtype"], device), lib(spec["dtype"]):
             for p in params:
                 p.grad = None
             f.grad = None
@@ -252,14 +198,15 @@ class LayerSetup:
         from relconv.voxel import Conv3d, VoxelTensor
 
         self.spec, self.scene, self.device = spec, scene, device
-        k, s, transposed = OPS[spec["op"]]
-        self.kernel_size = (k, k, k)
+        op = OPS[spec["op"]]
+        k, s, transposed = op.kernel, op.stride, op.transposed
+        self.kernel_size = op.kernel_size
         self.dtype = DTYPES[spec["dtype"]]
         c = spec["C"]
         torch.manual_seed(0)
         self.conv = Conv3d(c, c, k, stride=s, transposed=transposed)
         self.weight = self.conv.weight.detach().clone().to(self.dtype).float()  # what every impl uses
-        self.conv = self.conv.to(device, self.dtype)
+        self.conv = self.conv.to(device, self.dtype).train(_training(spec))
         fine = VoxelTensor(torch.zeros(len(scene.coords), c, device=device, dtype=self.dtype), scene.coords)
         if transposed:
             down = Conv3d(c, c, 2, stride=2).to(device, self.dtype)
@@ -274,7 +221,7 @@ class LayerSetup:
         from relconv.voxel import MapCache, VoxelTensor
 
         spec, scene = self.spec, self.scene
-        transposed = OPS[spec["op"]][2]
+        transposed = OPS[spec["op"]].transposed
         if transposed:
             fine_coords, coarse = scene.coords, self.coarse
 
@@ -310,7 +257,8 @@ class LayerSetup:
     def dense(self) -> Prepared:
         """Dense conv3d / conv_transpose3d over the bounding grid (tiny scenes only)."""
         spec = self.spec
-        k, s, transposed = OPS[spec["op"]]
+        op = OPS[spec["op"]]
+        k, s, transposed = op.kernel, op.stride, op.transposed
         fine = self.scene.coords.long()
         hi = fine[:, 1:].max(0).values + 2
         if int(hi.prod()) * spec["C"] * self.scene.batch_size > DENSE_LIMIT:
@@ -342,12 +290,16 @@ class LayerSetup:
         spec, scene, c = self.spec, self.scene, self.spec["C"]
         if why := spconv_peer.check_dtype(self.dtype):
             raise Unsupported(why)
-        layer = spconv_peer.layer(spec["op"], c, c, key="k").to(self.device, self.dtype)
+        layer = (
+            spconv_peer.layer(spec["op"], c, c, key="k").to(self.device, self.dtype).train(_training(spec))
+        )
         spconv_peer.load_weight(layer, self.weight.to(self.device, self.dtype), self.kernel_size)
-        if OPS[spec["op"]][2]:
+        if OPS[spec["op"]].transposed:
             if spec["map"] == "fresh":
                 raise Unsupported("an inverse conv reuses its strided conv's map (no fresh build)")
-            down = spconv_peer.layer("down2", c, c, key="k").to(self.device, self.dtype)
+            down = (
+                spconv_peer.layer("down2", c, c, key="k").to(self.device, self.dtype).train(_training(spec))
+            )
             zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
             with torch.no_grad():
                 coarse = down(spconv_peer.sparse_tensor(zeros, scene.coords, scene.batch_size))
@@ -358,17 +310,26 @@ class LayerSetup:
 
             out_stride = 1
         else:
-            base = spconv_peer.sparse_tensor(self.inputs[0], scene.coords, scene.batch_size)
+            # The grid size is computed once, as a user who knows the scene's extent passes it; per
+            # call it was a `.tolist()` host sync inside the timed "fresh" region.
+            shape = spconv_peer.spatial_shape(scene.coords)
+            base = spconv_peer.sparse_tensor(self.inputs[0], scene.coords, scene.batch_size, shape)
             inputs = self.inputs
-            out_stride = OPS[spec["op"]][1]
+            out_stride = OPS[spec["op"]].stride
 
             def make_input(f):
                 if spec["map"] == "cached":
                     return base.replace_feature(f)
-                return spconv_peer.sparse_tensor(f, scene.coords, scene.batch_size)
+                return spconv_peer.sparse_tensor(f, scene.coords, scene.batch_size, shape)
 
         with torch.no_grad():
             first = layer(make_input(inputs[0]))
+        if spec["map"] == "cached" and not OPS[spec["op"]].transposed:
+            # spconv keeps a layer's map in its OUTPUT tensor's indice_dict; an input tensor never
+            # sees it, so `base.replace_feature(f)` alone rebuilt the map on every "cached" call
+            # (measured on the GPU host: 19 launches and 3 syncs per call instead of 1 launch). A
+            # spconv network reuses maps by passing each layer's output on; sharing the dict is that.
+            base.indice_dict.update(first.indice_dict)
         upstream = _features(first.features.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
         fn = _layer_fn(
             spec, lambda f: layer(make_input(f)).features, [layer.weight], inputs, upstream, self.device
@@ -386,11 +347,13 @@ class LayerSetup:
         spec, scene, c = self.spec, self.scene, self.spec["C"]
         wcn = warpconvnet_peer
         exact = spec["dtype"] == "fp32"  # true fp32, not its default TF32 (see warpconvnet_peer)
-        layer = wcn.layer(spec["op"], c, c, exact_fp32=exact).to(self.device, self.dtype)
+        layer = (
+            wcn.layer(spec["op"], c, c, exact_fp32=exact).to(self.device, self.dtype).train(_training(spec))
+        )
         wcn.load_weight(layer, self.weight.to(self.device, self.dtype))
         bs = scene.batch_size
-        if OPS[spec["op"]][2]:
-            down = wcn.layer("down2", c, c).to(self.device, self.dtype)
+        if OPS[spec["op"]].transposed:
+            down = wcn.layer("down2", c, c).to(self.device, self.dtype).train(_training(spec))
             zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
             fine = wcn.voxels(zeros, scene.coords, bs)
             with torch.no_grad():
@@ -416,7 +379,7 @@ class LayerSetup:
                 x = base.replace_features(f) if spec["map"] == "cached" else wcn.voxels(f, scene.coords, bs)
                 return layer(x)
 
-            out_stride = OPS[spec["op"]][1]
+            out_stride = OPS[spec["op"]].stride
         with torch.no_grad():
             first = apply(inputs[0])
         upstream = _features(first.feature_tensor.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
@@ -429,13 +392,66 @@ class LayerSetup:
 
         return Prepared(fn=fn, inputs=inputs, output=output, note=wcn.EXACT_FP32_NOTE if exact else "")
 
+    def torchsparse(self) -> Prepared:
+        spec, scene, c = self.spec, self.scene, self.spec["C"]
+        if why := ts_peer.check(self.device, spec["dtype"]):
+            raise Unsupported(why)
+        op = OPS[spec["op"]]
+        layer = ts_peer.layer(spec["op"], c, c).to(self.device, self.dtype).train(_training(spec))
+        ts_peer.load_weight(layer, self.weight.to(self.device, self.dtype), self.kernel_size)
+        bs = scene.batch_size
+        grid = ts_peer.spatial_range(scene.coords, bs)  # once, as for spconv's grid
+        if op.transposed:
+            if spec["map"] == "fresh":
+                raise Unsupported("a transposed conv reuses its strided conv's map (no fresh build)")
+            down = ts_peer.layer("down2", c, c).to(self.device, self.dtype).train(_training(spec))
+            zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
+            with torch.no_grad():
+                coarse = down(ts_peer.sparse_tensor(zeros, scene.coords, bs, grid))
+            inputs = [_reorder(f, self.in_coords.long(), ts_peer.keys(coarse)) for f in self.inputs]
+
+            def make_input(f):
+                return ts_peer.with_cache(coarse, f)
+        else:
+            base = ts_peer.sparse_tensor(self.inputs[0], scene.coords, bs, grid)
+            inputs = self.inputs
+
+            def make_input(f):
+                if spec["map"] == "cached":
+                    return ts_peer.with_cache(base, f)
+                return ts_peer.sparse_tensor(f, scene.coords, bs, grid)
+
+        with torch.no_grad(), ts_peer.precision(spec["dtype"]):
+            first = layer(make_input(inputs[0]))
+        upstream = _features(first.feats.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
+        fn = _layer_fn(
+            spec,
+            lambda f: layer(make_input(f)).feats,
+            [layer.kernel],
+            inputs,
+            upstream,
+            self.device,
+            library_precision=ts_peer.precision,
+        )
+
+        def output():
+            with torch.no_grad(), _precision(spec["dtype"], self.device), ts_peer.precision(spec["dtype"]):
+                out = layer(make_input(inputs[0]))
+            return ts_peer.keys(out), out.feats.float()
+
+        notes = ["padding 1: outputs every coarse site in reach"] if spec["op"] == "down3" else []
+        if spec["dtype"] == "fp32":
+            notes.append(ts_peer.EXACT_FP32_NOTE)
+        return Prepared(fn=fn, inputs=inputs, output=output, note="; ".join(notes))
+
 
 def _layer_work(spec: dict, scene: Scene, device: torch.device, build_map: bool):
     """Floor model of a layer from relconv's own map (pairs, sites)."""
     from relconv.voxel import VoxelTensor
     from relconv.voxel.maps import layer_map
 
-    k, s, transposed = OPS[spec["op"]]
+    op = OPS[spec["op"]]
+    k, s, transposed = op.kernel, op.stride, op.transposed
     x = VoxelTensor(torch.zeros(len(scene.coords), 1, device=device), scene.coords)
     lm = layer_map(x, (k, k, k), (s, s, s), (1, 1, 1))
     rmap = lm.rmap.transpose() if transposed else lm.rmap
@@ -457,7 +473,7 @@ def _map_case(spec: dict, scene: Scene, device: torch.device) -> Prepared:
     from relconv.voxel import VoxelTensor
     from relconv.voxel.maps import layer_map
 
-    k, s, _ = OPS[spec["op"]]
+    k, s = OPS[spec["op"]].kernel, OPS[spec["op"]].stride
     zeros = torch.zeros(len(scene.coords), 1, device=device)
 
     def fn(_):
@@ -491,14 +507,16 @@ class E2ESetup:
         ]
         self.labels = torch.randint(0, NUM_CLASSES, (n,), generator=gen).to(device)
 
-    def _prepared(self, model: torch.nn.Module, make_input) -> Prepared:
+    def _prepared(self, model: torch.nn.Module, make_input, library_precision=None, note="") -> Prepared:
+        """`library_precision(dtype_name)`: a peer's own precision switch (see LayerSetup)."""
         spec, device = self.spec, self.device
+        lib = library_precision or (lambda _: contextlib.nullcontext())
         model = model.to(device)
         if spec["mode"] == "infer":
             model.eval()
 
             def fn(f):
-                with torch.no_grad(), _precision(spec["dtype"], device, autocast=True):
+                with torch.no_grad(), _precision(spec["dtype"], device, autocast=True), lib(spec["dtype"]):
                     return model(make_input(f))
         else:
             model.train()
@@ -506,21 +524,23 @@ class E2ESetup:
 
             def fn(f):
                 opt.zero_grad(set_to_none=True)
-                with _precision(spec["dtype"], device, autocast=True):
-                    logits = model(make_input(f))
-                F.cross_entropy(logits.float(), self.labels).backward()
+                # The peer's own switch covers its backward kernels too; autocast only the forward.
+                with lib(spec["dtype"]):
+                    with _precision(spec["dtype"], device, autocast=True):
+                        logits = model(make_input(f))
+                    F.cross_entropy(logits.float(), self.labels).backward()
                 opt.step()
 
         def output():
             # Agreement in fp32 eval mode, before any timed step has moved weights or BN statistics.
             was_training = model.training
             model.eval()
-            with torch.no_grad(), _precision("fp32", device):
+            with torch.no_grad(), _precision("fp32", device), lib("fp32"):
                 out = model(make_input(self.inputs[0])).float()
             model.train(was_training)
             return None, out
 
-        return Prepared(fn=fn, inputs=self.inputs, output=output)
+        return Prepared(fn=fn, inputs=self.inputs, output=output, note=note)
 
     def relconv(self) -> Prepared:
         from relconv.voxel import VoxelTensor
@@ -543,6 +563,30 @@ class E2ESetup:
         copy_weights(initial, peer)
         coords, bs = self.scene.coords, self.scene.batch_size
         return self._prepared(peer, lambda f: backend.tensor(f, coords, bs))
+
+    def torchsparse(self) -> Prepared:
+        """TorchSparse++'s own SparseResUNet42 (+ linear classifier) with relconv's initial weights."""
+        from relconv.voxel.models import MinkUNet
+
+        if why := ts_peer.check(self.device, self.spec["dtype"]):
+            raise Unsupported(why)
+        peer = ts_peer.TorchSparseMinkUNet(4, NUM_CLASSES, self.spec["width"]).to(self.device)
+        initial = MinkUNet(4, NUM_CLASSES, width=self.spec["width"]).to(self.device)
+        initial.load_state_dict(self.initial_state)
+        ts_peer.copy_weights(initial, peer)
+        coords, bs = self.scene.coords, self.scene.batch_size
+        grid = ts_peer.spatial_range(coords, bs)
+        dt = self.spec["dtype"]
+        note = ts_peer.EXACT_FP32_NOTE if dt == "fp32" else ts_peer.FP16_INPUT_NOTE
+        # The fp32 agreement call (output()) runs outside autocast: features stay fp32 there.
+        cast = DTYPES[dt] if dt == "fp16" else None
+
+        def make_input(f):
+            if cast is not None and torch.is_autocast_enabled():
+                f = f.to(cast)
+            return ts_peer.sparse_tensor(f, coords, bs, grid)
+
+        return self._prepared(peer, make_input, ts_peer.precision, note)
 
 
 # ---------------------------------------------------------------------------------------- runner
@@ -580,7 +624,11 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
         impls = [("relconv", setup.relconv)]
         if device.type == "cpu" and len(scene.coords) < 20_000:
             impls.append(("ref-dense", setup.dense))
-        peer_builders = [("spconv", setup.spconv), ("warpconvnet", setup.warpconvnet)]
+        peer_builders = [
+            ("spconv", setup.spconv),
+            ("warpconvnet", setup.warpconvnet),
+            ("torchsparse", setup.torchsparse),
+        ]
         tolerance = None
     else:
         work = None
@@ -591,6 +639,7 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
                 "warpconvnet",
                 lambda: setup.peer(warpconvnet_peer.WarpConvNetBackend(exact_fp32=spec["dtype"] == "fp32")),
             ),
+            ("torchsparse", setup.torchsparse),
         ]
         tolerance = E2E_TOLERANCE
     for name, build in peer_builders:
@@ -606,4 +655,8 @@ def _peer_or_missing(availability: tuple[bool, str], build):
     return build()
 
 
-PEERS = {"spconv": spconv_peer.available, "warpconvnet": warpconvnet_peer.available}
+PEERS = {
+    "spconv": spconv_peer.available,
+    "warpconvnet": warpconvnet_peer.available,
+    "torchsparse": ts_peer.available,
+}

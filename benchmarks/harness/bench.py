@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.harness.floor import Ceilings
+from benchmarks.harness.instrument import count_syncs_and_launches
+from benchmarks.harness.schema import empty_row
 from benchmarks.harness.timing import TimingConfig, measure
+from benchmarks.harness.tolerances import TOLERANCE
 
 # Called with the implementation's name before each one is built and run (benchmarks.run records
 # it next to the case in flight, so a native crash is attributed to relconv or to the peer).
 ON_IMPL: Callable[[str], None] | None = None
-
-# Relative tolerance (max |a - b| / max |ref|) for agreement, by compute dtype.
-TOLERANCE = {"fp64": 1e-9, "fp32": 1e-4, "tf32": 5e-3, "fp16": 1e-2, "bf16": 4e-2}
 
 
 class Unsupported(Exception):
@@ -101,23 +101,8 @@ def run_case(
     ref_name = None
     floor_ms = ceilings.floor_ms(work[0], work[1], meta["dtype"]) if work else None
     for name, build in impls:
-        row = dict(
-            meta,
-            impl=name,
-            status="ok",
-            median_ms=None,
-            p20_ms=None,
-            p80_ms=None,
-            runs=0,
-            peak_mem_mib=None,
-            floor_ms=floor_ms,
-            x_floor=None,
-            bytes=work[0] if work else None,
-            flops=work[1] if work else None,
-            max_rel_err=None,
-            agrees_with=None,
-            note="",
-        )
+        row = empty_row(meta, name)
+        row.update(floor_ms=floor_ms, bytes=work[0] if work else None, flops=work[1] if work else None)
         if ON_IMPL is not None:
             ON_IMPL(name)
         try:
@@ -141,14 +126,17 @@ def run_case(
                 continue
             t = measure(prepared.fn, prepared.inputs, device, timing)
             row.update(
-                median_ms=t.median_ms,
+                latency_ms=t.latency_ms,
                 p20_ms=t.p20_ms,
                 p80_ms=t.p80_ms,
+                throughput_ms=t.throughput_ms,
                 runs=t.runs,
                 peak_mem_mib=t.peak_mem_mib,
             )
+            row.update(count_syncs_and_launches(prepared.fn, prepared.inputs[0], device))
             if floor_ms:
-                row["x_floor"] = t.median_ms / floor_ms
+                # Against the queued time: the floor is device work, and queuing hides host work.
+                row["x_floor"] = t.throughput_ms / floor_ms
             del prepared
         except Unsupported as err:
             row["status"] = f"unsupported: {err}"

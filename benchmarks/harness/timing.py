@@ -1,8 +1,13 @@
 """Timing and peak-memory measurement shared by every suite.
 
-GPU: one pair of CUDA events per run, medians over runs, warm-up by count *and* by time so that
-peers' autotuners (spconv, WarpConvNet) finish before the first timed run. Inputs are rotated
-through several copies so the L2 cache never holds the previous run's data. CPU: perf_counter.
+Two numbers per case, because they answer different questions:
+- latency: one call, then a device synchronisation, timed around call + sync. What a user waiting
+  for one scan feels; host overheads (Python, launches, host syncs) count in full.
+- throughput: `runs` calls queued back to back, one sync at the end, total / runs. Host work of
+  call i overlaps GPU work of call i - 1, so a host-bound library looks better here than in latency.
+Warm-up runs by count *and* by time so that peers' autotuners (spconv, WarpConvNet) finish before
+the first timed run. Inputs are rotated through several copies so the L2 cache never holds the
+previous run's data. GPU latency uses a CUDA event pair per call; CPU uses perf_counter.
 """
 
 from __future__ import annotations
@@ -24,11 +29,17 @@ class TimingConfig:
 
 @dataclass(frozen=True)
 class Timing:
-    median_ms: float
+    latency_ms: float  # median of per-call latencies (sync after every call)
     p20_ms: float
     p80_ms: float
+    throughput_ms: float  # total time of `runs` queued calls / runs
     runs: int
     peak_mem_mib: float | None
+
+    @property
+    def median_ms(self) -> float:
+        """The median latency, under the name scripts outside the suites read."""
+        return self.latency_ms
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -64,15 +75,52 @@ def peak_extra_memory_mib(fn: Callable[[object], object], inp: object, device: t
     return (peak - base) / 2**20
 
 
+def latencies_ms(
+    fn: Callable[[object], object], inputs: Sequence[object], device: torch.device, runs: int, start: int = 0
+) -> list[float]:
+    """Per-call times with a synchronisation after every call (sorted)."""
+    n = len(inputs)
+    times: list[float] = []
+    if device.type == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for r in range(runs):
+            _sync(device)
+            a.record()
+            fn(inputs[(start + r) % n])
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    else:
+        for r in range(runs):
+            t0 = time.perf_counter()
+            fn(inputs[(start + r) % n])
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)
+
+
+def throughput_ms(
+    fn: Callable[[object], object], inputs: Sequence[object], device: torch.device, runs: int, start: int = 0
+) -> float:
+    """Mean time per call of `runs` calls queued back to back (one sync at the end)."""
+    n = len(inputs)
+    _sync(device)
+    t0 = time.perf_counter()
+    for r in range(runs):
+        fn(inputs[(start + r) % n])
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3 / runs
+
+
 def measure(
     fn: Callable[[object], object],
     inputs: Sequence[object],
     device: torch.device,
     config: TimingConfig,
 ) -> Timing:
-    """Median time of `fn(inputs[i % len(inputs)])` after warm-up; `fn` must do the whole case.
+    """Latency (median, p20, p80) and throughput of `fn(inputs[i % len(inputs)])` after warm-up.
 
-    The result of each call is dropped right away so that fwd+bwd graphs are freed between runs.
+    `fn` must do the whole case. The result of each call is dropped right away so that fwd+bwd
+    graphs are freed between runs.
     """
     n = len(inputs)
     start = time.perf_counter()
@@ -84,29 +132,13 @@ def measure(
             _sync(device)
     _sync(device)
     peak = peak_extra_memory_mib(fn, inputs[0], device)
-
-    times: list[float] = []
-    if device.type == "cuda":
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(config.runs)
-        ]
-        for r, (a, b) in enumerate(events):
-            a.record()
-            fn(inputs[(i + r) % n])
-            b.record()
-        torch.cuda.synchronize(device)
-        times = [a.elapsed_time(b) for a, b in events]
-    else:
-        for r in range(config.runs):
-            t0 = time.perf_counter()
-            fn(inputs[(i + r) % n])
-            times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
+    times = latencies_ms(fn, inputs, device, config.runs, start=i)
+    queued = throughput_ms(fn, inputs, device, config.runs, start=i + config.runs)
     return Timing(
-        median_ms=statistics.median(times),
+        latency_ms=statistics.median(times),
         p20_ms=_percentile(times, 0.2),
         p80_ms=_percentile(times, 0.8),
+        throughput_ms=queued,
         runs=len(times),
         peak_mem_mib=peak,
     )

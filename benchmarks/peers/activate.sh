@@ -3,6 +3,8 @@
 # PYTHONPATH; points relconv.datasets at the carried archive cache. Nothing is installed.
 #   .peers/spconv_site.tar.xz             spconv-cu126 + cumm-cu126 + pccm, ccimport, fire, termcolor, lark
 #   .peers/wcn_built/warpconvnet_built.tar.xz[.partNN]   from build_warpconvnet.sh
+#   .peers/ts_built/torchsparse_built.tar.xz             from build_torchsparse.sh (torchsparse/,
+#                                         the rootpath stand-in and backports.cached_property)
 #   .peers/dgl_cp312/dgl-*.whl            DGL (CPU) for the graph suite's CPU cases
 #   .peers/relconv_cache/archives/        small-gicp sdist and recbole wheel (real workloads)
 PEERS_DIR=${PEERS_DIR:-/tmp/relconv-peers}
@@ -12,6 +14,9 @@ if [ -f .peers/spconv_site.tar.xz ] && [ ! -d "$PEERS_DIR/spconv" ]; then
 fi
 if compgen -G ".peers/wcn_built/warpconvnet_built.tar.xz*" >/dev/null && [ ! -d "$PEERS_DIR/warpconvnet" ]; then
   cat .peers/wcn_built/warpconvnet_built.tar.xz* | tar -xJ -C "$PEERS_DIR"
+fi
+if [ -f .peers/ts_built/torchsparse_built.tar.xz ] && [ ! -d "$PEERS_DIR/torchsparse" ]; then
+  tar -xJf .peers/ts_built/torchsparse_built.tar.xz -C "$PEERS_DIR"
 fi
 if compgen -G ".peers/dgl_cp312/dgl-*.whl" >/dev/null && [ ! -d "$PEERS_DIR/dgl" ]; then
   python3 -m zipfile -e .peers/dgl_cp312/dgl-*.whl "$PEERS_DIR"

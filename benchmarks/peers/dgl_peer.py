@@ -53,6 +53,11 @@ def available() -> tuple[bool, str]:
     return True, dgl.__version__
 
 
+def set_num_threads(count: int) -> None:
+    """DGL's own OpenMP pool (its sparse kernels do not use torch's intra-op pool)."""
+    _import_dgl().utils.set_num_threads(count)
+
+
 def make_graph(edge_index: torch.Tensor, num_nodes: int):
     dgl = _import_dgl()
     return dgl.graph((edge_index[0], edge_index[1]), num_nodes=num_nodes)

@@ -14,7 +14,15 @@ spconv 2.x: weight [C_out, kx, ky, kz, C_in] ("KRSC"), kernel axes in the order 
 kernel index kidx is relconv's offset + (k - 1) // 2 per axis: the same flattening order. An
 inverse conv (SparseInverseConv3d) reuses its strided conv's pairs with the same kidx.
 
-All three claims are checked numerically before every timed layer (bench.run_case): a wrong order
+TorchSparse++ 2.1: `Conv3d.kernel` [K, C_in, C_out]; 1x1x1 convs hold [C_in, C_out]. Per-axis
+offsets as relconv's (odd centred, even 0 .. k-1: torchsparse/nn/utils/kernel.py and the map
+builders in backend/others/sparsemapping_cuda.cu, whose downsampling map stores offset index
+K - 1 - j, i.e. the same per-axis digit). The flattening order depends on the kernel volume, for
+MinkowskiEngine compatibility: an odd volume runs x fastest and z slowest (the reverse of relconv),
+an even volume x slowest and z fastest (relconv's). A transposed conv reuses its strided conv's
+map with the same indices.
+
+All four claims are checked numerically before every timed layer (bench.run_case): a wrong order
 shows up as a "mismatch" row, never as a time.
 """
 
@@ -32,3 +40,17 @@ def to_spconv(weight: torch.Tensor, kernel_size: tuple[int, int, int]) -> torch.
 def to_warpconvnet(weight: torch.Tensor) -> torch.Tensor:
     """relconv [K, C_in, C_out] -> WarpConvNet [K, C_in, C_out] (identical order)."""
     return weight.contiguous()
+
+
+def to_torchsparse(weight: torch.Tensor, kernel_size: tuple[int, int, int]) -> torch.Tensor:
+    """relconv [K, C_in, C_out] -> TorchSparse++ `Conv3d.kernel` [K, C_in, C_out] (or [C_in, C_out]
+    for a 1x1x1 kernel, which TorchSparse++ runs as a plain matmul)."""
+    k, c_in, c_out = weight.shape
+    if k == 1:
+        return weight[0].contiguous()
+    if k % 2 == 0:
+        return weight.contiguous()
+    # Odd volume: x fastest, z slowest; permute relconv's (x, y, z) kernel axes to (z, y, x).
+    return (
+        weight.reshape(*kernel_size, c_in, c_out).permute(2, 1, 0, 3, 4).reshape(k, c_in, c_out).contiguous()
+    )

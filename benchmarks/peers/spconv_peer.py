@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.harness.ops import OPS
 from benchmarks.peers.layouts import to_spconv
 from benchmarks.peers.minkunet import Backend
-
-# op -> (kernel size, stride, padding); "up2" is the inverse of "down2" (same indice_key).
-OPS = {"subm3": (3, 1, 1), "down2": (2, 2, 0), "down3": (3, 2, 1), "up2": (2, 2, 0)}
-
 
 # Seen on the GPU host with spconv-cu126 2.3.8: bf16 features raise KeyError in its implicit-GEMM
 # dispatch, and a bf16 training step afterwards killed the process (segfault), so bf16 is never
@@ -58,16 +55,18 @@ def spatial_shape(coords: torch.Tensor) -> list[int]:
     return [(int(v) + 1 + m - 1) // m * m for v in coords[:, 1:].max(0).values.tolist()]
 
 
-def sparse_tensor(feats: torch.Tensor, coords: torch.Tensor, batch_size: int):
+def sparse_tensor(feats: torch.Tensor, coords: torch.Tensor, batch_size: int, shape: list[int] | None = None):
+    """`shape`: the grid size when known (else computed here, which costs a host sync)."""
     import spconv.pytorch as spconv
 
-    return spconv.SparseConvTensor(feats, coords.int().contiguous(), spatial_shape(coords), batch_size)
+    shape = shape or spatial_shape(coords)
+    return spconv.SparseConvTensor(feats, coords.int().contiguous(), shape, batch_size)
 
 
 def layer(op: str, cin: int, cout: int, key: str) -> torch.nn.Module:
     import spconv.pytorch as spconv
 
-    k, s, p = OPS[op]
+    k, s, p = OPS[op].kernel, OPS[op].stride, OPS[op].padding
     if op == "subm3":
         return spconv.SubMConv3d(cin, cout, k, padding=p, bias=False, indice_key=key)
     if op == "up2":
@@ -92,9 +91,14 @@ class SpconvBackend(Backend):
         import spconv.pytorch as spconv
 
         self.conv_types = (spconv.SubMConv3d, spconv.SparseConv3d, spconv.SparseInverseConv3d)
+        self._grid_of, self._grid = None, None
 
     def tensor(self, feats, coords, batch_size):
-        return sparse_tensor(feats, coords, batch_size)
+        # The grid is computed once per scene, as a user who knows its extent passes it; per call it
+        # was a `.tolist()` host sync inside every timed forward.
+        if self._grid_of is not coords:
+            self._grid_of, self._grid = coords, spatial_shape(coords)
+        return sparse_tensor(feats, coords, batch_size, self._grid)
 
     def conv(self, cin, cout, kernel_size, stride, transposed, key):
         if transposed:

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.harness.ops import OPS
 from benchmarks.peers.layouts import to_warpconvnet
 from benchmarks.peers.minkunet import Backend
-
-OPS = {"subm3": (3, 1, False), "down2": (2, 2, False), "down3": (3, 2, False), "up2": (2, 2, True)}
 
 
 def available() -> tuple[bool, str]:
@@ -67,7 +66,7 @@ def algo_kwargs(exact_fp32: bool) -> dict:
 def layer(op: str, cin: int, cout: int, exact_fp32: bool = False) -> torch.nn.Module:
     from warpconvnet.nn.modules.sparse_conv import SparseConv3d
 
-    k, s, transposed = OPS[op]
+    k, s, transposed = OPS[op].kernel, OPS[op].stride, OPS[op].transposed
     return SparseConv3d(cin, cout, k, stride=s, bias=False, transposed=transposed, **algo_kwargs(exact_fp32))
 
 

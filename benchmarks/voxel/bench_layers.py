@@ -36,7 +36,8 @@ LAYERS = {"subm3": (3, 1), "down2": (2, 2)}  # name -> (kernel size, stride)
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, timing: TimingConfig) -> dict:
-    """Median / p20 / p80 milliseconds of `fn()`; `fn` holds its own inputs, so one dummy input."""
+    """Latency (median / p20 / p80) and queued throughput in ms of `fn()`; `fn` holds its own inputs,
+    so one dummy input."""
     return dataclasses.asdict(measure(lambda _: fn(), [None], device, timing))
 
 
@@ -116,18 +117,20 @@ def bench_models(x0: VoxelTensor, widths: list[float], dtypes: list[str], timing
 
 
 def print_table(layers: list[dict], models: list[dict]) -> None:
-    print(f"\n{'layer':<7}{'C':>5}{'dtype':>6}{'map':>12}{'median ms':>11}{'p20':>9}{'p80':>9}")
+    times = f"{'latency ms':>11}{'p20':>9}{'p80':>9}{'queued ms':>10}"
+    print(f"\n{'layer':<7}{'C':>5}{'dtype':>6}{'map':>12}{times}")
     for r in layers:
         c = "-" if r["channels"] is None else r["channels"]
         d = r["dtype"] or "-"
         print(
-            f"{r['layer']:<7}{c:>5}{d:>6}{r['map']:>12}{r['median_ms']:>11.3f}{r['p20_ms']:>9.3f}{r['p80_ms']:>9.3f}"
+            f"{r['layer']:<7}{c:>5}{d:>6}{r['map']:>12}{r['latency_ms']:>11.3f}{r['p20_ms']:>9.3f}"
+            f"{r['p80_ms']:>9.3f}{r['throughput_ms']:>10.3f}"
         )
-    print(f"\n{'model':<9}{'width':>6}{'dtype':>6}{'map':>8}{'median ms':>11}{'p20':>9}{'p80':>9}")
+    print(f"\n{'model':<9}{'width':>6}{'dtype':>6}{'map':>8}{times}")
     for r in models:
         print(
-            f"{r['model']:<9}{r['width']:>6}{r['dtype']:>6}{r['map']:>8}{r['median_ms']:>11.3f}"
-            f"{r['p20_ms']:>9.3f}{r['p80_ms']:>9.3f}"
+            f"{r['model']:<9}{r['width']:>6}{r['dtype']:>6}{r['map']:>8}{r['latency_ms']:>11.3f}"
+            f"{r['p20_ms']:>9.3f}{r['p80_ms']:>9.3f}{r['throughput_ms']:>10.3f}"
         )
 
 

@@ -11,26 +11,18 @@ pytest.importorskip("torch_geometric")
 pytest.importorskip("matplotlib")
 
 from benchmarks import run  # noqa: E402
-from benchmarks.harness.bench import TOLERANCE  # noqa: E402
+from benchmarks.harness.schema import ROW_FIELDS  # noqa: E402
+from benchmarks.harness.tolerances import TOLERANCE  # noqa: E402
 
-FIELDS = {
-    "suite",
-    "case",
-    "impl",
-    "status",
-    "dtype",
-    "median_ms",
-    "p20_ms",
-    "p80_ms",
-    "runs",
-    "peak_mem_mib",
-    "floor_ms",
-    "x_floor",
-    "bytes",
-    "flops",
-    "max_rel_err",
-    "agrees_with",
-}
+FIELDS = {"suite", "dtype", *ROW_FIELDS}
+# A peer that cannot run here (CUDA-only wheels, CPU machine) says so; an adapter that crashes
+# ("error") or disagrees ("mismatch") fails the test.
+NOT_RUN = ("missing", "unsupported")
+
+
+def _assert_no_errors(rows: list[dict]) -> None:
+    bad = [r for r in rows if r["status"].split(":")[0] in ("error", "mismatch", "oom")]
+    assert not bad, [(r["case"], r["impl"], r["status"], r.get("traceback", "")) for r in bad]
 
 
 def _run(tmp_path, *args) -> dict:
@@ -44,12 +36,14 @@ def test_graph_suite_agrees_with_pyg(tmp_path):
     data = _run(tmp_path, "--suite", "graph", "--peers", "pyg,dgl")
     rows = data["rows"]
     assert rows and all(FIELDS <= set(r) for r in rows)
+    _assert_no_errors(rows)
     cases = {r["case"] for r in rows}
     assert any("/layer/" in c for c in cases) and any("/rgcn2/" in c for c in cases)
     for case in cases:
         by_impl = {r["impl"]: r for r in rows if r["case"] == case}
         assert by_impl["relconv"]["status"] == "ok", by_impl["relconv"]
-        assert by_impl["relconv"]["median_ms"] > 0
+        rc = by_impl["relconv"]
+        assert rc["latency_ms"] > 0 and rc["throughput_ms"] > 0 and rc["p20_ms"] <= rc["p80_ms"]
         pyg = by_impl["pyg"]
         assert pyg["status"] == "ok" and pyg["agrees_with"] == "relconv", pyg
         assert pyg["max_rel_err"] <= TOLERANCE[pyg["dtype"]]
@@ -66,12 +60,13 @@ def test_voxel_suite_agrees_with_dense_conv(tmp_path):
         "--suite",
         "voxel",
         "--peers",
-        "spconv,warpconvnet",
+        "spconv,warpconvnet,torchsparse",
         "--cases",
         "*/layer/*/fwd,*/map/*,*/e2e/*/infer/*",
     )
     rows = data["rows"]
     assert rows and all(FIELDS <= set(r) for r in rows)
+    _assert_no_errors(rows)
     layer_cases = {r["case"] for r in rows if "/layer/" in r["case"]}
     assert {c.split("/")[4] for c in layer_cases} == {"subm3", "down2", "down3", "up2"}
     for case in layer_cases:
@@ -82,10 +77,8 @@ def test_voxel_suite_agrees_with_dense_conv(tmp_path):
         assert dense["max_rel_err"] <= TOLERANCE["fp32"]
         assert by_impl["relconv"]["x_floor"] > 0
         # Peers are CUDA-only wheels: on a CPU machine they are reported, not failed.
-        for peer in ("spconv", "warpconvnet"):
-            assert by_impl[peer]["status"].split(":")[0] in ("ok", "missing", "unsupported", "error"), (
-                by_impl[peer]
-            )
+        for peer in ("spconv", "warpconvnet", "torchsparse"):
+            assert by_impl[peer]["status"].split(":")[0] in ("ok", *NOT_RUN), by_impl[peer]
     assert any(r["case"].endswith("/map/tiny/subm3") and r["status"] == "ok" for r in rows)
     assert any("/e2e/" in r["case"] and r["impl"] == "relconv" and r["status"] == "ok" for r in rows)
 
@@ -94,7 +87,7 @@ def test_minkunet_skeleton_matches_relconv():
     """The peers' MinkUNet skeleton, run on relconv's own layers, reproduces relconv's MinkUNet:
     module order, channel plan, concatenation order and weight copying are right."""
     from benchmarks.peers.minkunet import Backend, PeerMinkUNet, copy_weights
-    from benchmarks.voxel_suite import load_scene
+    from benchmarks.workloads.voxels import load_scene
     from relconv.voxel import Conv3d, VoxelTensor
     from relconv.voxel.models import MinkUNet
 

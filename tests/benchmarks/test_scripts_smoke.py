@@ -44,4 +44,4 @@ def test_bench_layers_rows_agree(tmp_path):
             assert r["rel_err"] <= bench_layers.TOLERANCE[bench_layers.DTYPES[r["dtype"]]], r
     assert {(r["model"], r["map"]) for r in models} == {("MinkUNet", "fresh"), ("MinkUNet", "cached")}
     for r in layers + models:
-        assert {"median_ms", "p20_ms", "p80_ms"} <= set(r) and r["runs"] == 3, r
+        assert {"latency_ms", "p20_ms", "p80_ms", "throughput_ms"} <= set(r) and r["runs"] == 3, r

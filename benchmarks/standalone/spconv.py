@@ -1,0 +1,42 @@
+"""spconv 2.x used as its README shows (SubMConv3d with an indice_key; the output tensor reused
+through replace_feature), timed with the twins' own loop (standalone twin of the harness's spconv
+rows; see benchmarks/crosscheck.py). Run as a module, so `import spconv` finds the library:
+
+    python -m benchmarks.standalone.spconv
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.standalone.loop import report, time_call
+from benchmarks.workloads.voxels import load_scene
+
+C = 64
+
+
+def voxel_cases(scene) -> dict[str, dict]:
+    import spconv.pytorch as spconv
+
+    coords = scene.coords.int()
+    # The harness's grid: max + 1 rounded up to a multiple of 16, computed once before timing (a
+    # per-call `.tolist()` would add a host sync that a user who knows the scene's extent skips).
+    shape = [(int(v) + 16) // 16 * 16 for v in coords[:, 1:].max(0).values.tolist()]
+    feats = torch.randn(len(coords), C, device="cuda", dtype=torch.half)
+    subm = spconv.SubMConv3d(C, C, 3, padding=1, bias=False, indice_key="subm1").cuda().half().eval()
+    down = spconv.SparseConv3d(C, C, 2, stride=2, bias=False).cuda().half().eval()
+    out = {}
+    with torch.no_grad():
+        y = subm(spconv.SparseConvTensor(feats, coords, shape, 1))  # builds the "subm1" pairs
+        out["subm3-cached"] = time_call(lambda: subm(y.replace_feature(feats)))
+        out["subm3-fresh"] = time_call(lambda: subm(spconv.SparseConvTensor(feats, coords, shape, 1)))
+        out["down2-fresh"] = time_call(lambda: down(spconv.SparseConvTensor(feats, coords, shape, 1)))
+    return out
+
+
+def main() -> None:
+    report("spconv", voxel_cases(load_scene("scan64", torch.device("cuda"))))
+
+
+if __name__ == "__main__":
+    main()
