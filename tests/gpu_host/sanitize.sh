@@ -55,7 +55,9 @@ run_tool() {
   "${cmd[@]}" >"$log" 2>&1
   local rc=$?
   local errors
-  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -Eo '[0-9]+$')
+  # memcheck/initcheck/synccheck end with "ERROR SUMMARY: N errors"; racecheck with
+  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: .*\([0-9]+ errors' "$log" | tail -1 | grep -Eo '[0-9]+( errors)?$' | grep -Eo '^[0-9]+')
   local result
   result=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error)|no tests ran|[0-9]+ (passed|failed|skipped|deselected)' "$log" | tail -1)
   local verdict=ok
