@@ -12,12 +12,18 @@ harness number more than 20% away from its twin, in latency or in throughput, is
 harness is not measuring the library as its users run it, and the adapter needs fixing before any
 number is published. A library without a twin for a case (spconv and WarpConvNet have no U-Net of
 their own) gets no row for it.
+
+Harness and twin passes alternate for `--rounds` rounds and each side reports its median over the
+rounds with its spread (max / min): one pass of each, run one after the other, disagreed by up to
+1.7x on host-bound cases (MinkUNet inference) in both directions between two calls on the same
+H100, so a single pass cannot tell an adapter defect from drift over the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -84,6 +90,52 @@ def twin_results(libraries: list[str]) -> dict[str, dict[str, dict]]:
     return out
 
 
+METRICS = ("latency_ms", "throughput_ms")
+
+
+def _median_and_spread(values: list[float]) -> tuple[float | None, float | None]:
+    values = [v for v in values if v]
+    if not values:
+        return None, None
+    return statistics.median(values), max(values) / min(values)
+
+
+def harness_medians(passes: list[list[dict]]) -> list[dict]:
+    """One row per (case, impl): the first pass's row with each metric's median over ok passes."""
+    groups: dict[tuple, list[dict]] = {}
+    for rows in passes:
+        for r in rows:
+            groups.setdefault((r["case"], r["impl"]), []).append(r)
+    out = []
+    for group in groups.values():
+        ok = [r for r in group if r.get("status") == "ok"]
+        row = dict(ok[0] if ok else group[0], rounds=len(ok))
+        for m in METRICS:
+            row[m], row[m.replace("_ms", "_spread")] = _median_and_spread([r.get(m) for r in ok])
+        out.append(row)
+    return out
+
+
+def twin_medians(passes: list[dict[str, dict[str, dict]]]) -> dict[str, dict[str, dict]]:
+    """library -> case -> medians and spreads over the passes; a library that failed in any pass keeps
+    that pass's error."""
+    out: dict[str, dict[str, dict]] = {}
+    for lib in passes[0]:
+        results = [p[lib] for p in passes]
+        failed = next((r for r in results if "error" in r), None)
+        if failed is not None:
+            out[lib] = failed
+            continue
+        out[lib] = {}
+        for case in results[0]:
+            entry = {}
+            for m in METRICS:
+                values = [r[case].get(m) for r in results]
+                entry[m], entry[m.replace("_ms", "_spread")] = _median_and_spread(values)
+            out[lib][case] = entry
+    return out
+
+
 def pair_rows(rows: list[dict], twins: dict[str, dict[str, dict]]) -> list[dict]:
     by_key = {(r["case"], r["impl"]): r for r in rows}
     out = []
@@ -94,8 +146,10 @@ def pair_rows(rows: list[dict], twins: dict[str, dict[str, dict]]) -> list[dict]
             impl = IMPL_NAMES.get(lib, {}).get(twin_case, lib)
             h = by_key.get((CASES[twin_case], impl), {"status": "no harness row"})
             row = dict(h, case=CASES[twin_case], impl=impl, twin=f"standalone/{lib}.py:{twin_case}")
-            row["standalone_latency_ms"] = res.get("latency_ms")
-            row["standalone_throughput_ms"] = res.get("throughput_ms")
+            for m in METRICS:
+                row[f"standalone_{m}"] = res.get(m)
+                spread = m.replace("_ms", "_spread")
+                row[f"standalone_{spread}"] = res.get(spread)
             flag = []
             for metric in ("latency", "throughput"):
                 hm, sm = h.get(f"{metric}_ms"), res.get(f"{metric}_ms")
@@ -113,7 +167,9 @@ def markdown(pairs: list[dict], env: dict) -> str:
         "# Harness vs standalone twins",
         "",
         f"{env.get('device')}, torch {env.get('torch')}, relconv {env.get('relconv_commit')}. ms; "
-        f"ratio = harness / standalone; flagged when a ratio is off by more than {THRESHOLD:.0%}.",
+        f"ratio = harness / standalone of the medians over {env.get('rounds', 1)} alternating rounds; "
+        "(xN) = that side's max / min over the rounds; flagged when a ratio is off by more than "
+        f"{THRESHOLD:.0%}.",
         "",
         "| case | impl | harness latency | standalone latency | ratio | harness queued | standalone queued |"
         " ratio | flag |",
@@ -123,11 +179,16 @@ def markdown(pairs: list[dict], env: dict) -> str:
     def f(v, spec=".3f"):
         return format(v, spec) if isinstance(v, float) else "-"
 
+    def ms(value, spread):
+        return f(value) + (f" (x{spread:.2f})" if isinstance(spread, float) else "")
+
     for p in pairs:
         lines.append(
-            f"| {p['case']} | {p['impl']} | {f(p.get('latency_ms'))} | {f(p['standalone_latency_ms'])} | "
-            f"{f(p['latency_ratio'], '.2f')} | {f(p.get('throughput_ms'))} | "
-            f"{f(p['standalone_throughput_ms'])} | {f(p['throughput_ratio'], '.2f')} | {p['flag']} |"
+            f"| {p['case']} | {p['impl']} | {ms(p.get('latency_ms'), p.get('latency_spread'))} | "
+            f"{ms(p['standalone_latency_ms'], p.get('standalone_latency_spread'))} | "
+            f"{f(p['latency_ratio'], '.2f')} | {ms(p.get('throughput_ms'), p.get('throughput_spread'))} | "
+            f"{ms(p['standalone_throughput_ms'], p.get('standalone_throughput_spread'))} | "
+            f"{f(p['throughput_ratio'], '.2f')} | {p['flag']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -137,18 +198,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated subset of twins")
     p.add_argument("--runs", type=int, default=20, help="harness timed runs per case")
+    p.add_argument("--rounds", type=int, default=3, help="alternating harness / twin passes")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the cross-check needs a GPU", file=sys.stderr)
         return 2
     libraries = [name for name in args.libraries.split(",") if name in LIBRARIES]
-    rows = harness_rows(TimingConfig(warmup_runs=5, warmup_seconds=0.3, runs=args.runs))
-    twins = twin_results(libraries)
-    pairs = pair_rows(rows, twins)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    timing = TimingConfig(warmup_runs=5, warmup_seconds=0.3, runs=args.runs)
+    harness_passes, twin_passes = [], []
+    for _ in range(args.rounds):
+        harness_passes.append(harness_rows(timing))
+        twin_passes.append(twin_results(libraries))
+    twins = twin_medians(twin_passes)
+    pairs = pair_rows(harness_medians(harness_passes), twins)
     errors = {lib: res["error"]["error"] for lib, res in twins.items() if "error" in res}
     peers = {name: check() for s in (voxel_suite, graph_suite) for name, check in s.PEERS.items()}
     env = report.environment(torch.device("cuda"), peers, {})
     env["twin_errors"] = errors
+    env["rounds"] = args.rounds
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_json(args.out / "crosscheck.json", env, pairs, {k: str(v) for k, v in vars(args).items()})
     text = markdown(pairs, env)
