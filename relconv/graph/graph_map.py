@@ -12,7 +12,7 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 
-from relconv.core.relational_map import RelationalMap, index_dtype_for
+from relconv.core.relational_map import RelationalMap, check_index_range, index_dtype_for
 
 # PyG's aggregation names -> the three the layer computes ("add" is PyG's alias of "sum").
 AGGRS = {"mean": "mean", "add": "sum", "sum": "sum", "max": "max"}
@@ -201,9 +201,12 @@ def build_rgcn_map(
         num_relations = int(rel.max().item()) + 1 if rel.numel() else 1
     if num_relations < 1:
         raise ValueError(f"num_relations must be positive, got {num_relations}")
-    _check_range("edge_type", rel, num_relations)
-    _check_range("edge_index[0] (source nodes)", src, num_src)
-    _check_range("edge_index[1] (target nodes)", dst, num_dst)
+    # All three in one host synchronisation.
+    check_index_range(
+        ("edge_type", rel, num_relations),
+        ("edge_index[0] (source nodes)", src, num_src),
+        ("edge_index[1] (target nodes)", dst, num_dst),
+    )
 
     # Sorting by the (relation, target) key groups pairs by relation for the kernels and makes each
     # (target, relation) slot contiguous, so its degree and slot id come from one run-length pass.
@@ -275,15 +278,6 @@ def _node_counts(
     if len(num_nodes) != 2 or any(not isinstance(n, int) or n < 0 for n in num_nodes):
         raise ValueError(f"num_nodes must be a non-negative int or a pair of them, got {num_nodes!r}")
     return num_nodes[0], num_nodes[1]
-
-
-def _check_range(name: str, index: Tensor, size: int) -> None:
-    if index.numel() == 0:
-        return
-    lo, hi = torch.aminmax(index)
-    lo, hi = int(lo.item()), int(hi.item())
-    if lo < 0 or hi >= size:
-        raise ValueError(f"{name} values must lie in [0, {size}), got values in [{lo}, {hi}]")
 
 
 def _check_edge_weight(edge_weight: Tensor, num_edges: int, device: torch.device) -> None:
