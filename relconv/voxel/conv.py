@@ -106,7 +106,7 @@ def _conv3d(
         out = out + bias.to(out.dtype)
     if activation == "relu":
         out = out.relu_()
-    return VoxelTensor(out, lm.out_coords, lm.out_stride, cache=lm.out_cache)
+    return VoxelTensor._trusted(out, lm.out_coords, lm.out_stride, lm.out_cache)
 
 
 class Conv3d(nn.Module):

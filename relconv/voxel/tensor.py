@@ -99,6 +99,14 @@ class VoxelTensor:
             cache.coords[self.stride] = coords
         self.cache = cache
 
+    @classmethod
+    def _trusted(cls, feats: Tensor, coords: Tensor, stride: Triple, cache: MapCache) -> VoxelTensor:
+        """A tensor from parts relconv already validated (a layer's output, new features on the same
+        sites): skips the argument checks, which cost more host time than a cached layer's launch."""
+        out = cls.__new__(cls)
+        out.feats, out.coords, out.stride, out.cache = feats, coords, stride, cache
+        return out
+
     # ------------------------------------------------------------------ basics
     @property
     def device(self) -> torch.device:
@@ -128,7 +136,9 @@ class VoxelTensor:
             raise ValueError(f"feats must have shape [{len(self)}, C], got {shape}")
         if feats.device != self.device:
             raise ValueError(f"feats is on {feats.device} but the tensor is on {self.device}")
-        return VoxelTensor(feats, self.coords, self.stride, cache=self.cache)
+        if not feats.dtype.is_floating_point:
+            raise TypeError(f"feats must be a floating-point tensor, got {feats.dtype}")
+        return VoxelTensor._trusted(feats, self.coords, self.stride, self.cache)
 
     def to(self, *args, **kwargs) -> VoxelTensor:
         """`feats.to(...)`; coordinates follow the device. A new device starts a new map cache."""
