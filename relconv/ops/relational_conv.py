@@ -7,6 +7,7 @@ from torch import Tensor
 
 from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
 from relconv.core.relational_map import RelationalMap
+from relconv.ops.dataflow import Dataflow, resolve_dataflow
 
 _conv = torch.ops.relconv.relational_conv.default
 _weight_grad = torch.ops.relconv.relational_conv_weight_grad.default
@@ -43,7 +44,9 @@ def _scale_for(rmap: RelationalMap, dtype: torch.dtype) -> Tensor | None:
     return None if s is None else s.to(acc_dtype(dtype))
 
 
-def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int = 1) -> Tensor:
+def relational_conv(
+    x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int = 1, dataflow: Dataflow = Dataflow.AUTO
+) -> Tensor:
     """`out[o] = sum over pairs (i, o, r) of scale[p] * x[i] @ W[r]`.
 
     Args:
@@ -52,6 +55,8 @@ def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int 
             (grouped) weights, same dtype and device as `x`.
         rmap: the pairs; `rmap.num_relations` must equal R.
         groups: channel groups; each group of C_in/groups inputs feeds its own C_out/groups outputs.
+        dataflow: how the CUDA forward runs (`relconv.ops.Dataflow`; AUTO picks by dtype and map).
+            The CPU kernel has one dataflow and ignores the choice beyond checking it.
 
     Returns:
         [rmap.num_out, C_out] in x's dtype (float16/bfloat16 accumulate in float32). Outputs without
@@ -72,7 +77,7 @@ def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int 
         raise ValueError(f"x has {x.shape[1]} channels but weight expects C_in = {w.shape[1] * w.shape[2]}")
     if x.device != rmap.device:
         raise ValueError(f"x is on {x.device} but the map is on {rmap.device}")
-    table = _output_stationary_table(rmap, x)
+    table = _output_stationary_table(rmap, x, dataflow)
     # The table forward reads no pairs: a map built as a table keeps its pairs unmaterialised (no
     # host sync) unless autograd will need them for the backward.
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
@@ -83,21 +88,10 @@ def relational_conv(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int 
     return _conv(x, w, in_index, out_index, rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out, table)
 
 
-def _output_stationary_table(rmap: RelationalMap, x: Tensor) -> Tensor | None:
-    """The neighbour table when the CUDA kernel should run output-stationary, else None.
-
-    Output-stationary needs at most one input per slot and no scale; it is deterministic (each
-    output element is summed by one thread in a fixed order). On an H200 it matches the atomic pair
-    path for fp16/bf16 (tensor cores, no fp32 scratch buffer) but its SIMT fp32/fp64 variant was
-    2.5x slower (benchmarks/results/ops), so fp32/fp64 take it only when
-    `torch.use_deterministic_algorithms(True)` asks for determinism.
-    """
-    if x.device.type != "cuda" or not rmap.unique_slots or rmap.scale is not None:
-        return None
-    if (
-        _compute_dtype(x) not in (torch.float16, torch.bfloat16)
-        and not torch.are_deterministic_algorithms_enabled()
-    ):
+def _output_stationary_table(rmap: RelationalMap, x: Tensor, dataflow: Dataflow) -> Tensor | None:
+    """The neighbour table when the CUDA forward runs output-stationary (see relconv.ops.dataflow)."""
+    flow = resolve_dataflow(dataflow, _compute_dtype(x), rmap.unique_slots, rmap.scale is not None)
+    if x.device.type != "cuda" or flow is not Dataflow.OUTPUT_STATIONARY:
         return None
     return rmap.neighbor_table()
 

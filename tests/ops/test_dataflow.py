@@ -1,0 +1,84 @@
+"""Dataflow as a public choice: AUTO's rule, forced choices, and the maps a choice cannot run."""
+
+import pytest
+import torch
+
+from relconv import RelationalMap, relational_conv
+from relconv.ops import Dataflow
+from relconv.ops.dataflow import resolve_dataflow
+from relconv.ops.reference import relational_conv_reference
+from tests.conftest import requires_cuda
+from tests.ops.maps import TOLERANCE, random_map, rel_error
+
+
+def _voxel_like_map(device="cpu"):
+    """A unique-slot map: every (relation, output) slot holds at most one input."""
+    g = torch.Generator().manual_seed(0)
+    filled = torch.rand(5, 40, generator=g) < 0.6
+    relation, out = filled.nonzero(as_tuple=True)
+    inp = torch.randint(0, 30, (out.numel(),), generator=g)
+    rel_ptr = torch.zeros(6, dtype=torch.int64)
+    torch.cumsum(filled.sum(1), 0, out=rel_ptr[1:])
+    return RelationalMap(inp.int(), out.int(), rel_ptr, 30, 40, unique_slots=True).to(device)
+
+
+@pytest.mark.parametrize(
+    "dtype,unique,scale,deterministic,expected",
+    [
+        (torch.float16, True, False, False, Dataflow.OUTPUT_STATIONARY),
+        (torch.bfloat16, True, False, False, Dataflow.OUTPUT_STATIONARY),
+        (torch.float32, True, False, False, Dataflow.FETCH_ON_DEMAND),
+        (torch.float32, True, False, True, Dataflow.OUTPUT_STATIONARY),
+        (torch.float16, False, False, False, Dataflow.FETCH_ON_DEMAND),
+        (torch.float16, True, True, True, Dataflow.FETCH_ON_DEMAND),
+    ],
+)
+def test_auto_rule(dtype, unique, scale, deterministic, expected):
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        assert resolve_dataflow(Dataflow.AUTO, dtype, unique, scale) is expected
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_forced_choice_is_kept_and_checked():
+    assert resolve_dataflow(Dataflow.FETCH_ON_DEMAND, torch.float16, True, False) is Dataflow.FETCH_ON_DEMAND
+    assert (
+        resolve_dataflow(Dataflow.OUTPUT_STATIONARY, torch.float32, True, False) is Dataflow.OUTPUT_STATIONARY
+    )
+    with pytest.raises(ValueError, match="dataflow=OUTPUT_STATIONARY needs a map"):
+        resolve_dataflow(Dataflow.OUTPUT_STATIONARY, torch.float16, False, False)
+    with pytest.raises(ValueError, match="no per-pair scale"):
+        resolve_dataflow(Dataflow.OUTPUT_STATIONARY, torch.float16, True, True)
+    with pytest.raises(TypeError, match="dataflow must be a relconv.ops.Dataflow"):
+        resolve_dataflow("output_stationary", torch.float16, True, False)
+
+
+def test_op_checks_the_choice_on_cpu_too():
+    graph = random_map(9, 7, 3, 30)  # repeated slots and a scale: no output-stationary path
+    x, w = torch.randn(9, 4), torch.randn(3, 4, 2)
+    with pytest.raises(ValueError, match="dataflow=OUTPUT_STATIONARY"):
+        relational_conv(x, w, graph, dataflow=Dataflow.OUTPUT_STATIONARY)
+    rmap = _voxel_like_map()
+    x, w = torch.randn(30, 4, dtype=torch.float64), torch.randn(5, 4, 2, dtype=torch.float64)
+    ref = relational_conv_reference(x, w.unsqueeze(1), rmap)
+    for flow in Dataflow:
+        assert rel_error(relational_conv(x, w, rmap, dataflow=flow), ref) <= TOLERANCE[torch.float64]
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_every_dataflow_agrees_on_cuda(dtype):
+    rmap = _voxel_like_map("cuda")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(30, 64, generator=g, dtype=torch.float64)
+    w = torch.randn(5, 64, 32, generator=g, dtype=torch.float64) / 8
+    ref = relational_conv_reference(x, w.unsqueeze(1), rmap.to("cpu"))
+    xc, wc = x.to("cuda", dtype), w.to("cuda", dtype)
+    for flow in Dataflow:
+        out = relational_conv(xc, wc, rmap, dataflow=flow)
+        assert rel_error(out, ref) <= TOLERANCE[dtype], flow
+    a = relational_conv(xc, wc, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
+    b = relational_conv(xc, wc, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
+    assert torch.equal(a, b)  # no atomics: bitwise reproducible
