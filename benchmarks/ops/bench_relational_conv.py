@@ -33,8 +33,8 @@ from benchmarks.harness.report import environment
 from benchmarks.harness.timing import TimingConfig, measure
 from relconv import RelationalMap
 from relconv.core.relational_map import index_dtype_for
+from relconv.ops.dataflow import Dataflow, resolve_dataflow
 from relconv.ops.reference import relational_conv_reference
-from relconv.ops.relational_conv import _output_stationary_table
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 # Agreement thresholds (relative Frobenius error against the reference), by dtype.
@@ -43,6 +43,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------- maps
+def _forward_path(rmap: RelationalMap, x: torch.Tensor) -> str:
+    flow = resolve_dataflow(Dataflow.AUTO, x.dtype, rmap.unique_slots, rmap.scale is not None)
+    return "table" if x.is_cuda and flow is Dataflow.OUTPUT_STATIONARY else "pairs"
+
+
 def surface_scene(num_voxels: int, generator: torch.Generator) -> torch.Tensor:
     """[N, 3] unique int64 voxel coordinates on 2-D manifolds: a gently rolling ground, four walls
     and a few box obstacles, thinned at random like a LiDAR scan (so 3x3x3 neighbourhoods hold
@@ -204,8 +209,9 @@ def bench_row(
         "channels": c,
         "dtype": str(dtype).removeprefix("torch."),
         "index_dtype": str(rmap.in_index.dtype).removeprefix("torch."),
-        # Which forward kernel ran: the neighbour table (output-stationary) or the pair lists (atomics).
-        "forward_path": "pairs" if _output_stationary_table(rmap, x) is None else "table",
+        # Which forward kernel ran: the neighbour table (output-stationary) or the pair lists (atomics);
+        # the CPU kernel has one dataflow, the pair lists.
+        "forward_path": _forward_path(rmap, x),
         "pass": "fwd+bwd" if backward else "fwd",
         "rel_error": err,
         "time_relconv_s": t_ours,

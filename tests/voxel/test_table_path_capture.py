@@ -6,6 +6,7 @@ import torch
 from voxel_markers import requires_cuda
 from voxel_refs import random_voxels
 
+from relconv.ops import Dataflow
 from relconv.ops.relational_conv import _output_stationary_table, relational_conv
 from relconv.voxel import Conv3d, submanifold_map
 
@@ -22,7 +23,8 @@ def _scene(dtype, channels=16):
 
 def _table_map(x):
     rmap = submanifold_map(x.coords, (3, 3, 3), (1, 1, 1), (1, 1, 1))
-    assert _output_stationary_table(rmap, x.feats) is not None, "the table path must be the one tested"
+    table = _output_stationary_table(rmap, x.feats, Dataflow.AUTO)
+    assert table is not None, "the table path must be the one tested"
     return rmap
 
 
