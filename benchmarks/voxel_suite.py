@@ -40,6 +40,8 @@ LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 MAP_PASSES = (("fresh", "fwd"), ("cached", "fwd"), ("cached", "fwd+bwd"))
 SWEEP_WORKLOAD = "scan64"
 OTHER_WORKLOADS = ("scan32", "scan128", "scan64x3", "scan64b2", "indoor", "kitti-real")
+# Scale: 3.5M voxels; only the subm 3^3 C64 fp16 forward (fresh and cached map), GPU only.
+SCALE_WORKLOADS = ("scan128x8",)
 NUM_CLASSES = 19
 DENSE_LIMIT = 2**24  # dense reference only when grid cells x channels stay below this
 
@@ -80,6 +82,20 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
                             kind="layer", device=dev, workload=w, op=op, C=64, dtype="fp16", map=mp, pass_=ps
                         )
                     )
+        for w in SCALE_WORKLOADS if others else ():
+            for mp in ("fresh", "cached"):
+                specs.append(
+                    dict(
+                        kind="layer",
+                        device=dev,
+                        workload=w,
+                        op="subm3",
+                        C=64,
+                        dtype="fp16",
+                        map=mp,
+                        pass_="fwd",
+                    )
+                )
         for w in (sweep, *others):
             for op in ("subm3", "down2", "down3"):
                 specs.append(dict(kind="map", device=dev, workload=w, op=op, dtype="fp32"))

@@ -49,6 +49,13 @@ def _scan_points(name: str) -> list[tuple[np.ndarray, np.ndarray]]:
         return [
             (np.concatenate([p + np.array([0.9 * k, 0, 0], np.float32) for k in range(3)]), np.tile(i, 3))
         ]
+    if name == "scan128x8":
+        # Scale test (3.5M voxels at 0.01 m): eight sweeps of a dense 128-beam scan 0.675 m apart
+        # along the road, the same pose-free aggregate approximation as scan64x3.
+        p, i = synthetic.raycast_scan(beams=128, seed=0, azimuth_steps=4096)
+        return [
+            (np.concatenate([p + np.array([0.675 * k, 0, 0], np.float32) for k in range(8)]), np.tile(i, 8))
+        ]
     if name == "indoor":
         p, colour = synthetic.indoor_room(seed=0)
         return [(p, colour.mean(1))]
@@ -68,7 +75,7 @@ def _scan_points(name: str) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def voxel_size(name: str) -> float:
-    return {"indoor": 0.02, "tiny": 0.25, "tiny2": 0.25}.get(name, 0.05)
+    return {"indoor": 0.02, "scan128x8": 0.01, "tiny": 0.25, "tiny2": 0.25}.get(name, 0.05)
 
 
 def load_scene(name: str, device: torch.device) -> Scene:
