@@ -261,7 +261,9 @@ def _slot_max(rows: Tensor, graph: RGCNMap) -> Tensor:
 
 
 def _autocast(x: Tensor | None, weight: Tensor) -> tuple[Tensor | None, Tensor]:
-    """Under autocast, run the core in the autocast dtype (custom ops are not autocast by torch)."""
+    """Under autocast, run the whole layer in the autocast dtype: the core op would cast its own
+    operands, but the featureless row gather, the max slot aggregation and the scale's precision
+    happen outside it and must see the same dtype."""
     device_type = weight.device.type
     if not torch.is_autocast_enabled(device_type):
         return x, weight

@@ -73,15 +73,16 @@ def _forward_entry(x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: 
     entry = x.cache.maps.get(key)
     if entry is not None and entry.in_coords.shape[0] == len(x):
         return entry
-    index = x.cache.coord_index(x.coords, ts)
-    if generative:
+    if generative:  # the torch path: no CUDA hash table to share
         rmap, out = km.generative_map(x.coords, k, s, d, ts)
         entry = MapEntry(rmap, x.coords, ts, out, tuple(t // si for t, si in zip(ts, s, strict=True)))
     elif s == (1, 1, 1):
+        index = x.cache.coord_index(x.coords, ts)
         entry = MapEntry(km.submanifold_map(x.coords, k, d, ts, index=index), x.coords, ts, x.coords, ts)
     else:
         out_ts = tuple(t * si for t, si in zip(ts, s, strict=True))
         known = x.cache.coords.get(out_ts)
+        index = x.cache.coord_index(x.coords, ts)
         rmap, out = km.strided_map(x.coords, k, s, d, ts, out_coords=known, index=index)
         if known is None:
             x.cache.coords[out_ts] = out
