@@ -1,4 +1,8 @@
-"""Voxel suite: sparse conv layers, kernel-map construction and MinkUNet, relconv vs spconv / WarpConvNet.
+"""Voxel suite: sparse conv layers, kernel-map construction and MinkUNet, relconv vs its peers.
+
+This file holds relconv's side of every case, the case list and the plumbing; each peer's adapter
+(spconv, WarpConvNet, TorchSparse++) is its benchmarks/peers/<peer>.py, one `VoxelPeer` each
+(peers/base.py), run in the order of VOXEL_PEERS.
 
 Cases:
   layer/<workload>/<op>/C<c>/<dtype>/<map>/<pass>   one C -> C conv; op is
@@ -27,10 +31,12 @@ import torch.nn.functional as F
 from benchmarks.harness.bench import PeerMissing, Prepared, Unsupported, run_case
 from benchmarks.harness.floor import DTYPES, conv_layer_work
 from benchmarks.harness.ops import OPS
+from benchmarks.harness.prepare import features, layer_fn, precision, training
 from benchmarks.harness.timing import rotation_count
 from benchmarks.harness.tolerances import E2E_TOLERANCE
 from benchmarks.peers import spconv_peer, warpconvnet_peer
 from benchmarks.peers import torchsparse as ts_peer
+from benchmarks.peers.base import VoxelPeer
 from benchmarks.workloads.voxels import Scene, load_scene
 
 CHANNELS = (16, 32, 64, 128, 256)
@@ -137,78 +143,11 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
     return specs
 
 
-# ---------------------------------------------------------------------------------------- helpers
-@contextlib.contextmanager
-def _precision(dtype_name: str, device: torch.device, autocast: bool = False):
-    """TF32 on only for "tf32"; autocast to fp16/bf16 when asked (end-to-end mixed precision)."""
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dtype_name == "tf32"
-    try:
-        if autocast and dtype_name in ("fp16", "bf16"):
-            with torch.autocast(device.type, dtype=DTYPES[dtype_name]):
-                yield
-        else:
-            yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
-def _features(n: int, c: int, dtype: torch.dtype, device: torch.device, seed: int, count: int | None = None):
-    gen = torch.Generator().manual_seed(seed)
-    count = count or rotation_count(n * c * dtype.itemsize, device)
-    return [torch.randn(n, c, generator=gen).to(device, dtype) for _ in range(count)]
-
-
-def _reorder(values: torch.Tensor, keys: torch.Tensor, ref_keys: torch.Tensor) -> torch.Tensor:
-    """Rows of `values` (ordered by `keys`) in the order of `ref_keys`."""
-    from benchmarks.harness.bench import _align
-
-    out = _align(keys, values, ref_keys)
-    if out is None:
-        raise RuntimeError("the peer's coarse sites differ from relconv's")
-    # Detached: `values` may already require grad (relconv's fwd+bwd setup marks the shared inputs),
-    # and a gather that stays in the graph made every timed backward after the first one fail with
-    # "Trying to backward through the graph a second time" (up2 fwd+bwd of both peers).
-    return out.to(values.device).detach()
-
-
-def _training(spec: dict) -> bool:
-    """Layers run in training mode only for fwd+bwd rows. spconv (and TorchSparse++) build extra
-    backward maps and split their forward kernel in training mode, so a forward-only row with a
-    module left in its default training mode timed work an inference user never runs."""
-    return spec["pass_"] == "fwd+bwd"
-
-
-def _layer_fn(spec: dict, make_output, params, inputs, upstream, device, library_precision=None):
-    """The timed function of a layer case: forward, or forward + backward of `upstream`.
-
-    `library_precision(dtype_name)`: a peer's own precision switch, held over forward and backward."""
-    lib = library_precision or (lambda _: contextlib.nullcontext())
-    if spec["pass_"] == "fwd":
-
-        def fn(f):
-            with torch.no_grad(), _precision(spec["dtype"], device), lib(spec["dtype"]):
-                return make_output(f)
-
-        return fn
-    # Every input becomes a leaf (replaced in place in the list the Prepared rotates through), so a
-    # timed run's graph starts at its input and never reaches anything built before timing.
-    for i, f in enumerate(inputs):
-        inputs[i] = f.detach().requires_grad_(True)
-
-    def fn(f):
-        with _precision(spec["dtype"], device), lib(spec["dtype"]):
-            for p in params:
-                p.grad = None
-            f.grad = None
-            make_output(f).backward(upstream)
-
-    return fn
-
-
 # ---------------------------------------------------------------------------------------- layers
 class LayerSetup:
-    """relconv's side of a layer case, shared with the peers: weight, inputs, coarse sites."""
+    """relconv's side of a layer case, built before any peer's. A peer's `layer_case` reads spec,
+    scene, device, dtype, weight (fp32 [K, C_in, C_out], what every implementation loads),
+    kernel_size, in_coords and inputs (the rotated features, in in_coords' row order)."""
 
     def __init__(self, spec: dict, scene: Scene, device: torch.device):
         from relconv.voxel import Conv3d, VoxelTensor
@@ -222,7 +161,7 @@ class LayerSetup:
         torch.manual_seed(0)
         self.conv = Conv3d(c, c, k, stride=s, transposed=transposed)
         self.weight = self.conv.weight.detach().clone().to(self.dtype).float()  # what every impl uses
-        self.conv = self.conv.to(device, self.dtype).train(_training(spec))
+        self.conv = self.conv.to(device, self.dtype).train(training(spec))
         fine = VoxelTensor(torch.zeros(len(scene.coords), c, device=device, dtype=self.dtype), scene.coords)
         if transposed:
             down = Conv3d(c, c, 2, stride=2).to(device, self.dtype)
@@ -231,7 +170,7 @@ class LayerSetup:
             self.in_coords = self.coarse.coords
         else:
             self.in_coords = scene.coords
-        self.inputs = _features(len(self.in_coords), c, self.dtype, device, seed=1)
+        self.inputs = features(len(self.in_coords), c, self.dtype, device, seed=1)
 
     def relconv(self) -> Prepared:
         from relconv.voxel import MapCache, VoxelTensor
@@ -258,13 +197,13 @@ class LayerSetup:
         with torch.no_grad():
             first = conv(make_input(self.inputs[0]))  # builds (and, for "cached", caches) the map
         self.out_keys = first.coords.long()
-        upstream = _features(len(first.coords), spec["C"], self.dtype, self.device, seed=2, count=1)[0]
-        fn = _layer_fn(
+        upstream = features(len(first.coords), spec["C"], self.dtype, self.device, seed=2, count=1)[0]
+        fn = layer_fn(
             spec, lambda f: conv(make_input(f)).feats, [conv.weight], self.inputs, upstream, self.device
         )
 
         def output():
-            with torch.no_grad(), _precision(spec["dtype"], self.device):
+            with torch.no_grad(), precision(spec["dtype"], self.device):
                 out = conv(make_input(self.inputs[0]))
             return out.coords.long(), out.feats.float()
 
@@ -301,164 +240,6 @@ class LayerSetup:
             return q, out[q[:, 0], :, oc[:, 0], oc[:, 1], oc[:, 2]]
 
         return Prepared(fn=run, inputs=[None], output=lambda: run(None))
-
-    def spconv(self) -> Prepared:
-        spec, scene, c = self.spec, self.scene, self.spec["C"]
-        if why := spconv_peer.check_dtype(self.dtype):
-            raise Unsupported(why)
-        layer = (
-            spconv_peer.layer(spec["op"], c, c, key="k").to(self.device, self.dtype).train(_training(spec))
-        )
-        spconv_peer.load_weight(layer, self.weight.to(self.device, self.dtype), self.kernel_size)
-        if OPS[spec["op"]].transposed:
-            if spec["map"] == "fresh":
-                raise Unsupported("an inverse conv reuses its strided conv's map (no fresh build)")
-            down = (
-                spconv_peer.layer("down2", c, c, key="k").to(self.device, self.dtype).train(_training(spec))
-            )
-            zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
-            with torch.no_grad():
-                coarse = down(spconv_peer.sparse_tensor(zeros, scene.coords, scene.batch_size))
-            inputs = [_reorder(f, self.in_coords.long(), spconv_peer.keys(coarse, 2)) for f in self.inputs]
-
-            def make_input(f):
-                return coarse.replace_feature(f)
-
-            out_stride = 1
-        else:
-            # The grid size is computed once, as a user who knows the scene's extent passes it; per
-            # call it was a `.tolist()` host sync inside the timed "fresh" region.
-            shape = spconv_peer.spatial_shape(scene.coords)
-            base = spconv_peer.sparse_tensor(self.inputs[0], scene.coords, scene.batch_size, shape)
-            inputs = self.inputs
-            out_stride = OPS[spec["op"]].stride
-
-            def make_input(f):
-                if spec["map"] == "cached":
-                    return base.replace_feature(f)
-                return spconv_peer.sparse_tensor(f, scene.coords, scene.batch_size, shape)
-
-        with torch.no_grad():
-            first = layer(make_input(inputs[0]))
-        if spec["map"] == "cached" and not OPS[spec["op"]].transposed:
-            # spconv keeps a layer's map in its OUTPUT tensor's indice_dict; an input tensor never
-            # sees it, so `base.replace_feature(f)` alone rebuilt the map on every "cached" call
-            # (measured on the GPU host: 19 launches and 3 syncs per call instead of 1 launch). A
-            # spconv network reuses maps by passing each layer's output on; sharing the dict is that.
-            base.indice_dict.update(first.indice_dict)
-        upstream = _features(first.features.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
-        fn = _layer_fn(
-            spec, lambda f: layer(make_input(f)).features, [layer.weight], inputs, upstream, self.device
-        )
-
-        def output():
-            with torch.no_grad(), _precision(spec["dtype"], self.device):
-                out = layer(make_input(inputs[0]))
-            return spconv_peer.keys(out, out_stride), out.features.float()
-
-        note = "padding 1: outputs every coarse site in reach" if spec["op"] == "down3" else ""
-        return Prepared(fn=fn, inputs=inputs, output=output, note=note)
-
-    def warpconvnet(self) -> Prepared:
-        spec, scene, c = self.spec, self.scene, self.spec["C"]
-        wcn = warpconvnet_peer
-        exact = spec["dtype"] == "fp32"  # true fp32, not its default TF32 (see warpconvnet_peer)
-        layer = (
-            wcn.layer(spec["op"], c, c, exact_fp32=exact).to(self.device, self.dtype).train(_training(spec))
-        )
-        wcn.load_weight(layer, self.weight.to(self.device, self.dtype))
-        bs = scene.batch_size
-        if OPS[spec["op"]].transposed:
-            down = wcn.layer("down2", c, c).to(self.device, self.dtype).train(_training(spec))
-            zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
-            fine = wcn.voxels(zeros, scene.coords, bs)
-            with torch.no_grad():
-                coarse = down(fine)
-            coarse_coords = coarse.batch_indexed_coordinates.int()
-            inputs = [_reorder(f, self.in_coords.long(), wcn.keys(coarse, 2)) for f in self.inputs]
-
-            def make_input(f):
-                if spec["map"] == "cached":
-                    return coarse.replace_features(f), fine
-                return wcn.voxels(f, coarse_coords, bs, tensor_stride=2), wcn.voxels(zeros, scene.coords, bs)
-
-            def apply(f):
-                x, target = make_input(f)
-                return layer(x, output_spatially_sparse_tensor=target)
-
-            out_stride = 1
-        else:
-            base = wcn.voxels(self.inputs[0], scene.coords, bs)
-            inputs = self.inputs
-
-            def apply(f):
-                x = base.replace_features(f) if spec["map"] == "cached" else wcn.voxels(f, scene.coords, bs)
-                return layer(x)
-
-            out_stride = OPS[spec["op"]].stride
-        with torch.no_grad():
-            first = apply(inputs[0])
-        upstream = _features(first.feature_tensor.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
-        fn = _layer_fn(spec, lambda f: apply(f).feature_tensor, [layer.weight], inputs, upstream, self.device)
-
-        def output():
-            with torch.no_grad(), _precision(spec["dtype"], self.device):
-                out = apply(inputs[0])
-            return wcn.keys(out, out_stride), out.feature_tensor.float()
-
-        return Prepared(fn=fn, inputs=inputs, output=output, note=wcn.EXACT_FP32_NOTE if exact else "")
-
-    def torchsparse(self) -> Prepared:
-        spec, scene, c = self.spec, self.scene, self.spec["C"]
-        if why := ts_peer.check(self.device, spec["dtype"]):
-            raise Unsupported(why)
-        op = OPS[spec["op"]]
-        layer = ts_peer.layer(spec["op"], c, c).to(self.device, self.dtype).train(_training(spec))
-        ts_peer.load_weight(layer, self.weight.to(self.device, self.dtype), self.kernel_size)
-        bs = scene.batch_size
-        grid = ts_peer.spatial_range(scene.coords, bs)  # once, as for spconv's grid
-        if op.transposed:
-            if spec["map"] == "fresh":
-                raise Unsupported("a transposed conv reuses its strided conv's map (no fresh build)")
-            down = ts_peer.layer("down2", c, c).to(self.device, self.dtype).train(_training(spec))
-            zeros = torch.zeros(len(scene.coords), c, device=self.device, dtype=self.dtype)
-            with torch.no_grad():
-                coarse = down(ts_peer.sparse_tensor(zeros, scene.coords, bs, grid))
-            inputs = [_reorder(f, self.in_coords.long(), ts_peer.keys(coarse)) for f in self.inputs]
-
-            def make_input(f):
-                return ts_peer.with_cache(coarse, f)
-        else:
-            base = ts_peer.sparse_tensor(self.inputs[0], scene.coords, bs, grid)
-            inputs = self.inputs
-
-            def make_input(f):
-                if spec["map"] == "cached":
-                    return ts_peer.with_cache(base, f)
-                return ts_peer.sparse_tensor(f, scene.coords, bs, grid)
-
-        with torch.no_grad(), ts_peer.precision(spec["dtype"]):
-            first = layer(make_input(inputs[0]))
-        upstream = _features(first.feats.shape[0], c, self.dtype, self.device, seed=2, count=1)[0]
-        fn = _layer_fn(
-            spec,
-            lambda f: layer(make_input(f)).feats,
-            [layer.kernel],
-            inputs,
-            upstream,
-            self.device,
-            library_precision=ts_peer.precision,
-        )
-
-        def output():
-            with torch.no_grad(), _precision(spec["dtype"], self.device), ts_peer.precision(spec["dtype"]):
-                out = layer(make_input(inputs[0]))
-            return ts_peer.keys(out), out.feats.float()
-
-        notes = ["padding 1: outputs every coarse site in reach"] if spec["op"] == "down3" else []
-        if spec["dtype"] == "fp32":
-            notes.append(ts_peer.EXACT_FP32_NOTE)
-        return Prepared(fn=fn, inputs=inputs, output=output, note="; ".join(notes))
 
 
 def _layer_work(spec: dict, scene: Scene, device: torch.device, build_map: bool):
@@ -504,12 +285,18 @@ def _map_case(spec: dict, scene: Scene, device: torch.device) -> Prepared:
 
 # ---------------------------------------------------------------------------------------- MinkUNet
 class E2ESetup:
+    """relconv's side of an end-to-end case, shared with the peers: initial weights, inputs, labels,
+    and the timed step every implementation's network is run through (`prepared`)."""
+
+    in_channels = 4
+    num_classes = NUM_CLASSES
+
     def __init__(self, spec: dict, scene: Scene, device: torch.device):
         from relconv.voxel.models import MinkUNet
 
         self.spec, self.scene, self.device = spec, scene, device
         torch.manual_seed(0)
-        self.model = MinkUNet(4, NUM_CLASSES, width=spec["width"]).to(device)
+        self.model = MinkUNet(self.in_channels, NUM_CLASSES, width=spec["width"]).to(device)
         # The weights every implementation starts from. relconv is timed first and its timed training
         # steps (SGD, BatchNorm running statistics) move self.model; the peers used to copy those
         # moved weights while being compared with relconv's output from before the steps, so every
@@ -523,8 +310,18 @@ class E2ESetup:
         ]
         self.labels = torch.randint(0, NUM_CLASSES, (n,), generator=gen).to(device)
 
-    def _prepared(self, model: torch.nn.Module, make_input, library_precision=None, note="") -> Prepared:
-        """`library_precision(dtype_name)`: a peer's own precision switch (see LayerSetup)."""
+    def initial_model(self) -> torch.nn.Module:
+        """relconv's MinkUNet at the weights every implementation starts from (`initial_state`)."""
+        from relconv.voxel.models import MinkUNet
+
+        initial = MinkUNet(self.in_channels, NUM_CLASSES, width=self.spec["width"]).to(self.device)
+        initial.load_state_dict(self.initial_state)
+        return initial
+
+    def prepared(self, model: torch.nn.Module, make_input, library_precision=None, note="") -> Prepared:
+        """The timed inference call or training step of `model` on `make_input(features)`.
+
+        `library_precision(dtype_name)`: a peer's own precision switch (see prepare.layer_fn)."""
         spec, device = self.spec, self.device
         lib = library_precision or (lambda _: contextlib.nullcontext())
         model = model.to(device)
@@ -532,7 +329,7 @@ class E2ESetup:
             model.eval()
 
             def fn(f):
-                with torch.no_grad(), _precision(spec["dtype"], device, autocast=True), lib(spec["dtype"]):
+                with torch.no_grad(), precision(spec["dtype"], device, autocast=True), lib(spec["dtype"]):
                     return model(make_input(f))
         else:
             model.train()
@@ -542,7 +339,7 @@ class E2ESetup:
                 opt.zero_grad(set_to_none=True)
                 # The peer's own switch covers its backward kernels too; autocast only the forward.
                 with lib(spec["dtype"]):
-                    with _precision(spec["dtype"], device, autocast=True):
+                    with precision(spec["dtype"], device, autocast=True):
                         logits = model(make_input(f))
                     F.cross_entropy(logits.float(), self.labels).backward()
                 opt.step()
@@ -551,7 +348,7 @@ class E2ESetup:
             # Agreement in fp32 eval mode, before any timed step has moved weights or BN statistics.
             was_training = model.training
             model.eval()
-            with torch.no_grad(), _precision("fp32", device), lib("fp32"):
+            with torch.no_grad(), precision("fp32", device), lib("fp32"):
                 out = model(make_input(self.inputs[0])).float()
             model.train(was_training)
             return None, out
@@ -562,50 +359,14 @@ class E2ESetup:
         from relconv.voxel import VoxelTensor
 
         coords = self.scene.coords
-        return self._prepared(self.model, lambda f: VoxelTensor(f, coords))
-
-    def peer(self, backend) -> Prepared:
-        from benchmarks.peers.minkunet import PeerMinkUNet, copy_weights
-
-        if isinstance(backend, spconv_peer.SpconvBackend) and (
-            why := spconv_peer.check_dtype(DTYPES[self.spec["dtype"]])
-        ):
-            raise Unsupported(why)
-        from relconv.voxel.models import MinkUNet
-
-        peer = PeerMinkUNet(backend, 4, NUM_CLASSES, self.spec["width"]).to(self.device)
-        initial = MinkUNet(4, NUM_CLASSES, width=self.spec["width"]).to(self.device)
-        initial.load_state_dict(self.initial_state)
-        copy_weights(initial, peer)
-        coords, bs = self.scene.coords, self.scene.batch_size
-        return self._prepared(peer, lambda f: backend.tensor(f, coords, bs))
-
-    def torchsparse(self) -> Prepared:
-        """TorchSparse++'s own SparseResUNet42 (+ linear classifier) with relconv's initial weights."""
-        from relconv.voxel.models import MinkUNet
-
-        if why := ts_peer.check(self.device, self.spec["dtype"]):
-            raise Unsupported(why)
-        peer = ts_peer.TorchSparseMinkUNet(4, NUM_CLASSES, self.spec["width"]).to(self.device)
-        initial = MinkUNet(4, NUM_CLASSES, width=self.spec["width"]).to(self.device)
-        initial.load_state_dict(self.initial_state)
-        ts_peer.copy_weights(initial, peer)
-        coords, bs = self.scene.coords, self.scene.batch_size
-        grid = ts_peer.spatial_range(coords, bs)
-        dt = self.spec["dtype"]
-        note = ts_peer.EXACT_FP32_NOTE if dt == "fp32" else ts_peer.FP16_INPUT_NOTE
-        # The fp32 agreement call (output()) runs outside autocast: features stay fp32 there.
-        cast = DTYPES[dt] if dt == "fp16" else None
-
-        def make_input(f):
-            if cast is not None and torch.is_autocast_enabled():
-                f = f.to(cast)
-            return ts_peer.sparse_tensor(f, coords, bs, grid)
-
-        return self._prepared(peer, make_input, ts_peer.precision, note)
+        return self.prepared(self.model, lambda f: VoxelTensor(f, coords))
 
 
 # ---------------------------------------------------------------------------------------- runner
+# Each peer's whole adapter lives in its benchmarks/peers/<peer>.py; rows come in this order.
+VOXEL_PEERS: tuple[VoxelPeer, ...] = (spconv_peer.PEER, warpconvnet_peer.PEER, ts_peer.PEER)
+
+
 def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
     device = torch.device(spec["device"])
     meta = {k: v for k, v in spec.items() if k != "pass_"}
@@ -635,32 +396,19 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
         setup = (LayerSetup if spec["kind"] == "layer" else E2ESetup)(spec, scene, device)
     except Exception as err:  # relconv's side could not be set up: nothing to compare the peers with
         return [dict(meta, impl="relconv", status=f"error: {type(err).__name__}: {err}"[:300])]
+    impls = [("relconv", setup.relconv)]
     if spec["kind"] == "layer":
         work = _layer_work(spec, scene, device, build_map=spec["map"] == "fresh")
-        impls = [("relconv", setup.relconv)]
         if device.type == "cpu" and len(scene.coords) < 20_000:
             impls.append(("ref-dense", setup.dense))
-        peer_builders = [
-            ("spconv", setup.spconv),
-            ("warpconvnet", setup.warpconvnet),
-            ("torchsparse", setup.torchsparse),
-        ]
         tolerance = None
     else:
         work = None
-        impls = [("relconv", setup.relconv)]
-        peer_builders = [
-            ("spconv", lambda: setup.peer(spconv_peer.SpconvBackend())),
-            (
-                "warpconvnet",
-                lambda: setup.peer(warpconvnet_peer.WarpConvNetBackend(exact_fp32=spec["dtype"] == "fp32")),
-            ),
-            ("torchsparse", setup.torchsparse),
-        ]
         tolerance = E2E_TOLERANCE
-    for name, build in peer_builders:
-        if name in peers:
-            impls.append((name, partial(_peer_or_missing, peers[name], build)))
+    for peer in VOXEL_PEERS:
+        if peer.name in peers:
+            case = peer.layer_case if spec["kind"] == "layer" else peer.e2e_case
+            impls.append((peer.name, partial(_peer_or_missing, peers[peer.name], partial(case, setup))))
     return run_case(meta, impls, device, timing, ceilings, work, tolerance=tolerance)
 
 
@@ -671,8 +419,4 @@ def _peer_or_missing(availability: tuple[bool, str], build):
     return build()
 
 
-PEERS = {
-    "spconv": spconv_peer.available,
-    "warpconvnet": warpconvnet_peer.available,
-    "torchsparse": ts_peer.available,
-}
+PEERS = {peer.name: peer.available for peer in VOXEL_PEERS}

@@ -9,10 +9,16 @@ Channel plan, kernel sizes, strides, concatenation order ([upsampled, skip]) and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from relconv.voxel.models.minkunet import BASE_CHANNELS
+
+if TYPE_CHECKING:
+    from benchmarks.harness.bench import Prepared
+    from benchmarks.voxel_suite import E2ESetup
 
 
 class Backend:
@@ -165,3 +171,11 @@ def copy_weights(relconv_model: nn.Module, peer: PeerMinkUNet) -> None:
                 b.load_state_dict(a.state_dict())
             else:
                 raise RuntimeError(f"module order differs: {type(a).__name__} vs {type(b).__name__}")
+
+
+def skeleton_case(setup: E2ESetup, backend: Backend) -> Prepared:
+    """An end-to-end case on relconv's MinkUNet rebuilt on `backend`, from relconv's initial weights."""
+    peer = PeerMinkUNet(backend, setup.in_channels, setup.num_classes, setup.spec["width"]).to(setup.device)
+    copy_weights(setup.initial_model(), peer)
+    coords, bs = setup.scene.coords, setup.scene.batch_size
+    return setup.prepared(peer, lambda f: backend.tensor(f, coords, bs))

@@ -11,11 +11,20 @@ floor(p / 2) sites); the agreement check compares relconv's sites.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from benchmarks.harness import prepare
+from benchmarks.harness.bench import Prepared, Unsupported
+from benchmarks.harness.floor import DTYPES
 from benchmarks.harness.ops import OPS
+from benchmarks.peers.base import VoxelPeer
 from benchmarks.peers.layouts import to_spconv
-from benchmarks.peers.minkunet import Backend
+from benchmarks.peers.minkunet import Backend, skeleton_case
+
+if TYPE_CHECKING:
+    from benchmarks.voxel_suite import E2ESetup, LayerSetup
 
 # Seen on the GPU host with spconv-cu126 2.3.8: bf16 features raise KeyError in its implicit-GEMM
 # dispatch, and a bf16 training step afterwards killed the process (segfault), so bf16 is never
@@ -38,7 +47,7 @@ def available() -> tuple[bool, str]:
 
 
 # Grid extent is rounded up to a multiple of this (MinkUNet has 4 stride-2 levels; coordinates are
-# shifted by a multiple of 16 in voxel_suite.load_scene).
+# shifted by a multiple of 16 in benchmarks/workloads/voxels.py).
 GRID_MULTIPLE = 16
 
 
@@ -122,3 +131,70 @@ class SpconvBackend(Backend):
 
     def load_conv_weight(self, conv, weight, kernel_size):
         load_weight(conv, weight, kernel_size)
+
+
+def layer_case(setup: LayerSetup) -> Prepared:
+    """One layer as a spconv user runs it: an `indice_key`ed layer, maps reused through the tensors."""
+    spec, scene, c = setup.spec, setup.scene, setup.spec["C"]
+    device, dtype = setup.device, setup.dtype
+    if why := check_dtype(dtype):
+        raise Unsupported(why)
+    train = prepare.training(spec)
+    conv = layer(spec["op"], c, c, key="k").to(device, dtype).train(train)
+    load_weight(conv, setup.weight.to(device, dtype), setup.kernel_size)
+    if OPS[spec["op"]].transposed:
+        if spec["map"] == "fresh":
+            raise Unsupported("an inverse conv reuses its strided conv's map (no fresh build)")
+        down = layer("down2", c, c, key="k").to(device, dtype).train(train)
+        zeros = torch.zeros(len(scene.coords), c, device=device, dtype=dtype)
+        with torch.no_grad():
+            coarse = down(sparse_tensor(zeros, scene.coords, scene.batch_size))
+        inputs = [prepare.reorder(f, setup.in_coords.long(), keys(coarse, 2)) for f in setup.inputs]
+
+        def make_input(f):
+            return coarse.replace_feature(f)
+
+        out_stride = 1
+    else:
+        # The grid size is computed once, as a user who knows the scene's extent passes it; per
+        # call it was a `.tolist()` host sync inside the timed "fresh" region.
+        shape = spatial_shape(scene.coords)
+        base = sparse_tensor(setup.inputs[0], scene.coords, scene.batch_size, shape)
+        inputs = setup.inputs
+        out_stride = OPS[spec["op"]].stride
+
+        def make_input(f):
+            if spec["map"] == "cached":
+                return base.replace_feature(f)
+            return sparse_tensor(f, scene.coords, scene.batch_size, shape)
+
+    with torch.no_grad():
+        first = conv(make_input(inputs[0]))
+    if spec["map"] == "cached" and not OPS[spec["op"]].transposed:
+        # spconv keeps a layer's map in its OUTPUT tensor's indice_dict; an input tensor never
+        # sees it, so `base.replace_feature(f)` alone rebuilt the map on every "cached" call
+        # (measured on the GPU host: 19 launches and 3 syncs per call instead of 1 launch). A
+        # spconv network reuses maps by passing each layer's output on; sharing the dict is that.
+        base.indice_dict.update(first.indice_dict)
+    upstream = prepare.features(first.features.shape[0], c, dtype, device, seed=2, count=1)[0]
+    fn = prepare.layer_fn(
+        spec, lambda f: conv(make_input(f)).features, [conv.weight], inputs, upstream, device
+    )
+
+    def output():
+        with torch.no_grad(), prepare.precision(spec["dtype"], device):
+            out = conv(make_input(inputs[0]))
+        return keys(out, out_stride), out.features.float()
+
+    note = "padding 1: outputs every coarse site in reach" if spec["op"] == "down3" else ""
+    return Prepared(fn=fn, inputs=inputs, output=output, note=note)
+
+
+def e2e_case(setup: E2ESetup) -> Prepared:
+    """relconv's MinkUNet rebuilt on spconv layers (peers/minkunet.py)."""
+    if why := check_dtype(DTYPES[setup.spec["dtype"]]):
+        raise Unsupported(why)
+    return skeleton_case(setup, SpconvBackend())
+
+
+PEER = VoxelPeer("spconv", available, layer_case, e2e_case)

@@ -28,12 +28,20 @@ Set-up details that matter for agreement:
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from benchmarks.harness import prepare
+from benchmarks.harness.bench import Prepared, Unsupported
+from benchmarks.harness.floor import DTYPES
 from benchmarks.harness.ops import OPS
+from benchmarks.peers.base import VoxelPeer
 from benchmarks.peers.layouts import to_torchsparse
+
+if TYPE_CHECKING:
+    from benchmarks.voxel_suite import E2ESetup, LayerSetup
 
 GRID_MULTIPLE = 16
 EXACT_FP32_NOTE = "fp32 exact: torchsparse.backends.allow_tf32 = False (its default runs fp32 as TF32)"
@@ -190,3 +198,84 @@ def copy_weights(relconv_model: nn.Module, peer: TorchSparseMinkUNet) -> None:
                 b.load_state_dict(a.state_dict())
             else:
                 raise RuntimeError(f"module order differs: {type(a).__name__} vs {type(b).__name__}")
+
+
+def layer_case(setup: LayerSetup) -> Prepared:
+    """One `torchsparse.nn.Conv3d` as its README shows, maps reused through the tensors' caches."""
+    spec, scene, c = setup.spec, setup.scene, setup.spec["C"]
+    device, dtype = setup.device, setup.dtype
+    if why := check(device, spec["dtype"]):
+        raise Unsupported(why)
+    op = OPS[spec["op"]]
+    train = prepare.training(spec)
+    conv3d = layer(spec["op"], c, c).to(device, dtype).train(train)
+    load_weight(conv3d, setup.weight.to(device, dtype), setup.kernel_size)
+    bs = scene.batch_size
+    grid = spatial_range(scene.coords, bs)  # once, as for spconv's grid
+    if op.transposed:
+        if spec["map"] == "fresh":
+            raise Unsupported("a transposed conv reuses its strided conv's map (no fresh build)")
+        down = layer("down2", c, c).to(device, dtype).train(train)
+        zeros = torch.zeros(len(scene.coords), c, device=device, dtype=dtype)
+        with torch.no_grad():
+            coarse = down(sparse_tensor(zeros, scene.coords, bs, grid))
+        inputs = [prepare.reorder(f, setup.in_coords.long(), keys(coarse)) for f in setup.inputs]
+
+        def make_input(f):
+            return with_cache(coarse, f)
+    else:
+        base = sparse_tensor(setup.inputs[0], scene.coords, bs, grid)
+        inputs = setup.inputs
+
+        def make_input(f):
+            if spec["map"] == "cached":
+                return with_cache(base, f)
+            return sparse_tensor(f, scene.coords, bs, grid)
+
+    with torch.no_grad(), precision(spec["dtype"]):
+        first = conv3d(make_input(inputs[0]))
+    upstream = prepare.features(first.feats.shape[0], c, dtype, device, seed=2, count=1)[0]
+    fn = prepare.layer_fn(
+        spec,
+        lambda f: conv3d(make_input(f)).feats,
+        [conv3d.kernel],
+        inputs,
+        upstream,
+        device,
+        library_precision=precision,
+    )
+
+    def output():
+        with torch.no_grad(), prepare.precision(spec["dtype"], device), precision(spec["dtype"]):
+            out = conv3d(make_input(inputs[0]))
+        return keys(out), out.feats.float()
+
+    notes = ["padding 1: outputs every coarse site in reach"] if spec["op"] == "down3" else []
+    if spec["dtype"] == "fp32":
+        notes.append(EXACT_FP32_NOTE)
+    return Prepared(fn=fn, inputs=inputs, output=output, note="; ".join(notes))
+
+
+def e2e_case(setup: E2ESetup) -> Prepared:
+    """TorchSparse++'s own SparseResUNet42 (+ linear classifier) with relconv's initial weights."""
+    spec, device = setup.spec, setup.device
+    if why := check(device, spec["dtype"]):
+        raise Unsupported(why)
+    peer = TorchSparseMinkUNet(setup.in_channels, setup.num_classes, spec["width"]).to(device)
+    copy_weights(setup.initial_model(), peer)
+    coords, bs = setup.scene.coords, setup.scene.batch_size
+    grid = spatial_range(coords, bs)
+    dt = spec["dtype"]
+    note = EXACT_FP32_NOTE if dt == "fp32" else FP16_INPUT_NOTE
+    # The fp32 agreement call (output()) runs outside autocast: features stay fp32 there.
+    cast = DTYPES[dt] if dt == "fp16" else None
+
+    def make_input(f):
+        if cast is not None and torch.is_autocast_enabled():
+            f = f.to(cast)
+        return sparse_tensor(f, coords, bs, grid)
+
+    return setup.prepared(peer, make_input, precision, note)
+
+
+PEER = VoxelPeer("torchsparse", available, layer_case, e2e_case)

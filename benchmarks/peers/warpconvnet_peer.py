@@ -11,11 +11,19 @@ algorithm by benchmarking on first use; that happens in the (untimed) agreement 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from benchmarks.harness import prepare
+from benchmarks.harness.bench import Prepared
 from benchmarks.harness.ops import OPS
+from benchmarks.peers.base import VoxelPeer
 from benchmarks.peers.layouts import to_warpconvnet
-from benchmarks.peers.minkunet import Backend
+from benchmarks.peers.minkunet import Backend, skeleton_case
+
+if TYPE_CHECKING:
+    from benchmarks.voxel_suite import E2ESetup, LayerSetup
 
 
 def available() -> tuple[bool, str]:
@@ -116,3 +124,63 @@ class WarpConvNetBackend(Backend):
 
     def load_conv_weight(self, conv, weight, kernel_size):
         load_weight(conv, weight)
+
+
+def layer_case(setup: LayerSetup) -> Prepared:
+    """One layer as a WarpConvNet user runs it: maps cached in the input Voxels, a transposed conv
+    given the fine tensor whose sites it must produce."""
+    spec, scene, c = setup.spec, setup.scene, setup.spec["C"]
+    device, dtype = setup.device, setup.dtype
+    exact = spec["dtype"] == "fp32"  # true fp32, not its default TF32 (see EXACT_FP32_ALGOS)
+    train = prepare.training(spec)
+    conv = layer(spec["op"], c, c, exact_fp32=exact).to(device, dtype).train(train)
+    load_weight(conv, setup.weight.to(device, dtype))
+    bs = scene.batch_size
+    if OPS[spec["op"]].transposed:
+        down = layer("down2", c, c).to(device, dtype).train(train)
+        zeros = torch.zeros(len(scene.coords), c, device=device, dtype=dtype)
+        fine = voxels(zeros, scene.coords, bs)
+        with torch.no_grad():
+            coarse = down(fine)
+        coarse_coords = coarse.batch_indexed_coordinates.int()
+        inputs = [prepare.reorder(f, setup.in_coords.long(), keys(coarse, 2)) for f in setup.inputs]
+
+        def make_input(f):
+            if spec["map"] == "cached":
+                return coarse.replace_features(f), fine
+            return voxels(f, coarse_coords, bs, tensor_stride=2), voxels(zeros, scene.coords, bs)
+
+        def apply(f):
+            x, target = make_input(f)
+            return conv(x, output_spatially_sparse_tensor=target)
+
+        out_stride = 1
+    else:
+        base = voxels(setup.inputs[0], scene.coords, bs)
+        inputs = setup.inputs
+
+        def apply(f):
+            x = base.replace_features(f) if spec["map"] == "cached" else voxels(f, scene.coords, bs)
+            return conv(x)
+
+        out_stride = OPS[spec["op"]].stride
+    with torch.no_grad():
+        first = apply(inputs[0])
+    upstream = prepare.features(first.feature_tensor.shape[0], c, dtype, device, seed=2, count=1)[0]
+    fn = prepare.layer_fn(spec, lambda f: apply(f).feature_tensor, [conv.weight], inputs, upstream, device)
+
+    def output():
+        with torch.no_grad(), prepare.precision(spec["dtype"], device):
+            out = apply(inputs[0])
+        return keys(out, out_stride), out.feature_tensor.float()
+
+    return Prepared(fn=fn, inputs=inputs, output=output, note=EXACT_FP32_NOTE if exact else "")
+
+
+def e2e_case(setup: E2ESetup) -> Prepared:
+    """relconv's MinkUNet rebuilt on WarpConvNet layers (peers/minkunet.py); fp32 rows pinned to
+    its true-fp32 algorithms, as the layer rows are."""
+    return skeleton_case(setup, WarpConvNetBackend(exact_fp32=setup.spec["dtype"] == "fp32"))
+
+
+PEER = VoxelPeer("warpconvnet", available, layer_case, e2e_case)

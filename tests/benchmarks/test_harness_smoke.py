@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("matplotlib")
@@ -81,44 +80,3 @@ def test_voxel_suite_agrees_with_dense_conv(tmp_path):
             assert by_impl[peer]["status"].split(":")[0] in ("ok", *NOT_RUN), by_impl[peer]
     assert any(r["case"].endswith("/map/tiny/subm3") and r["status"] == "ok" for r in rows)
     assert any("/e2e/" in r["case"] and r["impl"] == "relconv" and r["status"] == "ok" for r in rows)
-
-
-def test_minkunet_skeleton_matches_relconv():
-    """The peers' MinkUNet skeleton, run on relconv's own layers, reproduces relconv's MinkUNet:
-    module order, channel plan, concatenation order and weight copying are right."""
-    from benchmarks.peers.minkunet import Backend, PeerMinkUNet, copy_weights
-    from benchmarks.workloads.voxels import load_scene
-    from relconv.voxel import Conv3d, VoxelTensor
-    from relconv.voxel.models import MinkUNet
-
-    class RelconvBackend(Backend):
-        conv_types = (Conv3d,)
-
-        def tensor(self, feats, coords, batch_size):
-            return VoxelTensor(feats, coords)
-
-        def conv(self, cin, cout, kernel_size, stride, transposed, key):
-            return Conv3d(cin, cout, kernel_size, stride=stride, transposed=transposed)
-
-        def run_conv(self, conv, x, target=None):
-            return conv(x)
-
-        def feats(self, x):
-            return x.feats
-
-        def replace(self, x, feats):
-            return x.replace_feature(feats)
-
-        def load_conv_weight(self, conv, weight, kernel_size):
-            conv.weight.copy_(weight)
-
-    scene = load_scene("tiny", torch.device("cpu"))
-    torch.manual_seed(0)
-    ref = MinkUNet(4, 5, width=0.25).eval()
-    be = RelconvBackend()
-    peer = PeerMinkUNet(be, 4, 5, 0.25).eval()
-    copy_weights(ref, peer)
-    with torch.no_grad():
-        want = ref(VoxelTensor(scene.feats, scene.coords))
-        got = peer(be.tensor(scene.feats, scene.coords, 1))
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
