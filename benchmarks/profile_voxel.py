@@ -1,0 +1,165 @@
+"""Where the GPU time of relconv's voxel path goes: per-kernel GPU time of cached layers, the
+kernel-launch breakdown of one MinkUNet forward, and the sparsity of the neighbour table the
+output-stationary kernel walks. A profiling aid (what to optimise), not a benchmark (what to claim).
+
+    python -m benchmarks.profile_voxel [--workload scan64] [--channels 32,64,128,256] [--peers]
+
+`--peers` adds spconv / TorchSparse++ to the layer and MinkUNet breakdowns when importable (after
+`source benchmarks/peers/activate.sh`). Run under `ncu --kernel-name regex:conv_forward_table
+--launch-count 1` for one kernel's hardware counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+from benchmarks.workloads.voxels import load_scene
+
+
+def kernel_times(fn, repeats: int = 10) -> dict[str, tuple[int, float]]:
+    """{kernel name: (launches per call, GPU µs per call)} over `repeats` calls after warm-up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            a = acc[ev.name[:90]]
+            a[0] += 1
+            a[1] += ev.device_time
+    return {k: (round(n / repeats), t / repeats) for k, (n, t) in acc.items()}
+
+
+def print_breakdown(title: str, times: dict[str, tuple[int, float]], top: int = 25) -> None:
+    total_n = sum(n for n, _ in times.values())
+    total_t = sum(t for _, t in times.values())
+    print(f"\n== {title}: {total_n} launches, {total_t:.1f} µs GPU per call")
+    for name, (n, t) in sorted(times.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {t:9.1f} µs  {n:4d}x  {name}")
+
+
+def host_breakdown(title: str, fn, top: int = 25) -> None:
+    """Host (CPU) time of one call by op: where a host-bound forward spends its time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    print(f"\n== {title}: host time by op (self CPU)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60))
+
+
+def table_stats(scene, tile: int = 64) -> None:
+    """Neighbour counts and how many (tile of `tile` outputs, relation) slots hold any neighbour: the
+    work the output-stationary kernel cannot skip."""
+    from relconv.voxel import VoxelTensor
+    from relconv.voxel.maps import layer_map
+
+    x = VoxelTensor(torch.zeros(len(scene.coords), 1, device="cuda"), scene.coords)
+    rmap = layer_map(x, (3, 3, 3), (1, 1, 1), (1, 1, 1)).rmap
+    hit = rmap.neighbor_table() >= 0
+    n, r = hit.shape
+    pad = (-n) % tile
+    print(f"\n== subm 3^3 table: {n} outputs, {hit.sum(1).float().mean().item():.2f} neighbours per output")
+    for name, rows in (("natural order", hit), ("table_order", hit[rmap.table_order().long()])):
+        tiles = torch.cat([rows, rows.new_zeros(pad, r)]).view(-1, tile, r)
+        busy = tiles.any(1).float().mean().item()
+        print(
+            f"   {name}: {busy * 100:.1f}% of ({tile}-row tile, relation) slots busy -> "
+            f"{hit.float().mean().item() / busy * 100:.1f}% of the rows computed are real"
+        )
+    order_op = torch.ops.relconv.neighbor_table_order
+    print_breakdown("neighbor_table_order", kernel_times(lambda: order_op(rmap.neighbor_table())), top=8)
+
+
+def layer_breakdown(scene, channels: list[int], peers: bool) -> None:
+    from relconv.voxel import Conv3d, VoxelTensor
+
+    for c in channels:
+        feats = torch.randn(len(scene.coords), c, device="cuda", dtype=torch.half)
+        conv = Conv3d(c, c, 3).cuda().half().eval()
+        x = VoxelTensor(feats, scene.coords)
+        with torch.no_grad():
+            conv(x)
+            print_breakdown(
+                f"relconv subm3 C{c} fp16 cached", kernel_times(lambda conv=conv, x=x: conv(x)), top=5
+            )
+        if peers:
+            try:
+                import spconv.pytorch as spconv
+
+                from benchmarks.peers.spconv_peer import spatial_shape
+
+                st = spconv.SparseConvTensor(feats, scene.coords.int(), spatial_shape(scene.coords), 1)
+                sp = spconv.SubMConv3d(c, c, 3, padding=1, bias=False, indice_key="k").cuda().half().eval()
+                with torch.no_grad():
+                    first = sp(st)
+                    st.indice_dict.update(first.indice_dict)
+                    print_breakdown(
+                        f"spconv subm3 C{c} fp16 cached", kernel_times(lambda sp=sp, st=st: sp(st)), top=5
+                    )
+            except ImportError as err:
+                print("spconv:", err)
+
+
+def minkunet_breakdown(scene, peers: bool) -> None:
+    from relconv.voxel import VoxelTensor
+    from relconv.voxel.models import MinkUNet
+
+    model = MinkUNet(4, 19, width=1.0).cuda().eval()
+    coords, feats = scene.coords, scene.feats
+
+    def run():
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.half):
+            return model(VoxelTensor(feats, coords))
+
+    print_breakdown("relconv MinkUNet1.0 fp16 infer", kernel_times(run), top=30)
+    host_breakdown("relconv MinkUNet1.0 fp16 infer", run)
+    if peers:
+        try:
+            from benchmarks.peers import torchsparse as ts
+
+            net = ts.TorchSparseMinkUNet(4, 19, 1.0).cuda().eval()
+            grid = ts.spatial_range(coords, 1)
+            f16 = feats.half()
+
+            def run_ts():
+                with torch.no_grad(), torch.autocast("cuda", dtype=torch.half):
+                    return net(ts.sparse_tensor(f16, coords, 1, grid))
+
+            print_breakdown("TorchSparse++ SparseResUNet42 fp16 infer", kernel_times(run_ts), top=30)
+        except ImportError as err:
+            print("torchsparse:", err)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", default="scan64")
+    p.add_argument("--channels", default="32,64,128,256")
+    p.add_argument("--peers", action="store_true")
+    p.add_argument("--only", choices=("layer", "minkunet", "table"), default=None)
+    args = p.parse_args()
+    scene = load_scene(args.workload, torch.device("cuda"))
+    print(torch.cuda.get_device_name(), args.workload, len(scene.coords), "voxels")
+    if args.only in (None, "table"):
+        table_stats(scene)
+    if args.only in (None, "layer"):
+        layer_breakdown(scene, [int(c) for c in args.channels.split(",")], args.peers)
+    if args.only in (None, "minkunet"):
+        minkunet_breakdown(scene, args.peers)
+
+
+if __name__ == "__main__":
+    main()
