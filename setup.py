@@ -30,7 +30,9 @@ def _extension():
     include_dirs = [os.path.join(ROOT, "csrc")]
     # at::parallel_for is an inline OpenMP loop: without -fopenmp every CPU parallel loop runs on one
     # thread. The OpenMP runtime that loads is torch's own libgomp, so torch.set_num_threads applies.
-    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    # No -std flag: torch's builder passes the standard its own headers expect (C++20 since torch
+    # 2.10); forcing an older one compiles torch's inline headers differently from libtorch.
+    cxx = ["-O3", "-fopenmp"]
     link = ["-fopenmp"]
     if not _with_cuda():
         return CppExtension(
@@ -40,7 +42,7 @@ def _extension():
             extra_compile_args={"cxx": cxx},
             extra_link_args=link,
         )
-    nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-DRELCONV_WITH_CUDA"]
+    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DRELCONV_WITH_CUDA"]
     return CUDAExtension(
         "relconv._C",
         sources + _sources("csrc/cuda/*.cu"),

@@ -13,6 +13,12 @@
 //            On CUDA the pairs may be left out when a table is given: empty in_index, out_index
 //            AND rel_ptr mean "pairs not materialised"; the forward reads only the table and the
 //            backward rebuilds the pairs from it.
+//   table_order  optional [num_out] permutation of the output rows (table dtype), a schedule only:
+//            the CUDA table kernel processes outputs in this order (relconv sorts them by their
+//            neighbour pattern so that a tile's rows share relations, see neighbor_table_order);
+//            every output is still computed alone, so the result does not depend on it. It must be
+//            a permutation (relconv's builder makes one); entries out of range are skipped.
+//   neighbor_table_order(table) -> [num_out] permutation sorting rows by their occupied slots.
 //
 // Kernel-map builders (CUDA only; the CPU path builds maps in torch, relconv/voxel/kernel_map.py).
 // Coordinates are [N, 4] int32 (batch, x, y, z) rows.
@@ -33,7 +39,8 @@
 TORCH_LIBRARY(relconv, m) {
   m.def(
       "relational_conv(Tensor x, Tensor weight, Tensor in_index, Tensor out_index, "
-      "Tensor rel_ptr, Tensor? scale, SymInt num_out, Tensor? neighbor_table=None) -> Tensor");
+      "Tensor rel_ptr, Tensor? scale, SymInt num_out, Tensor? neighbor_table=None, "
+      "Tensor? table_order=None) -> Tensor");
   m.def(
       "relational_conv_weight_grad(Tensor x, Tensor grad_out, Tensor in_index, "
       "Tensor out_index, Tensor rel_ptr, Tensor? scale, int groups) -> Tensor");
@@ -42,6 +49,7 @@ TORCH_LIBRARY(relconv, m) {
       "kernel_map_table(Tensor in_coords, Tensor slots, Tensor out_coords, int[3] kernel_size, "
       "int[3] step, ScalarType dtype) -> Tensor");
   m.def("transpose_neighbor_table(Tensor table, int num_in) -> Tensor");
+  m.def("neighbor_table_order(Tensor table) -> Tensor");
   m.def("strided_coords(Tensor coords, int[3] step, Tensor? input_error=None) -> Tensor");
 }
 

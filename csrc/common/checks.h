@@ -92,9 +92,10 @@ inline ConvShape check_conv_args(const at::Tensor& x, const at::Tensor& weight,
   return s;
 }
 
-inline void check_neighbor_table(const std::optional<at::Tensor>& table, const at::Tensor& in_index,
-                                 const std::optional<at::Tensor>& scale, int64_t num_out,
-                                 int64_t num_relations) {
+inline void check_neighbor_table(const std::optional<at::Tensor>& table, const std::optional<at::Tensor>& order,
+                                 const at::Tensor& in_index, const std::optional<at::Tensor>& scale,
+                                 int64_t num_out, int64_t num_relations) {
+  TORCH_CHECK_VALUE(!order.has_value() || table.has_value(), "table_order needs a neighbor_table");
   if (!table.has_value()) return;
   const auto& t = *table;
   TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == num_out && t.size(1) == num_relations,
@@ -105,6 +106,13 @@ inline void check_neighbor_table(const std::optional<at::Tensor>& table, const a
   TORCH_CHECK_VALUE(t.device() == in_index.device(), "neighbor_table must be on ", in_index.device(),
                     ", got ", t.device());
   TORCH_CHECK_VALUE(!scale.has_value(), "neighbor_table cannot be combined with a per-pair scale");
+  if (!order.has_value()) return;
+  TORCH_CHECK_VALUE(order->dim() == 1 && order->size(0) == num_out, "table_order must have shape [num_out] = [",
+                    num_out, "], got ", order->sizes());
+  TORCH_CHECK_VALUE(order->scalar_type() == t.scalar_type(), "table_order dtype (", order->scalar_type(),
+                    ") must match neighbor_table dtype (", t.scalar_type(), ")");
+  TORCH_CHECK_VALUE(order->device() == t.device(), "table_order must be on ", t.device(), ", got ",
+                    order->device());
 }
 
 inline ConvShape check_weight_grad_args(const at::Tensor& x, const at::Tensor& grad_out,

@@ -195,10 +195,12 @@ void forward_threaded_gemm(at::Tensor& out, const at::Tensor& xa, const at::Tens
 at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
                                const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                const std::optional<at::Tensor>& scale, int64_t num_out,
-                               const std::optional<at::Tensor>& neighbor_table) {
-  // The pair lists carry the same information as the neighbour table; the CPU path uses the former.
+                               const std::optional<at::Tensor>& neighbor_table,
+                               const std::optional<at::Tensor>& table_order) {
+  // The pair lists carry the same information as the neighbour table; the CPU path uses the former
+  // (and the table order, a schedule of the CUDA table kernel, means nothing here).
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
-  check_neighbor_table(neighbor_table, in_index, scale, num_out, s.num_relations);
+  check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   check_map_data(in_index, out_index, rel_ptr, x.size(0), num_out);
   const auto acc = acc_dtype(x.scalar_type());

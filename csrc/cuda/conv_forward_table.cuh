@@ -10,9 +10,9 @@
 // reduced by exactly one thread in a fixed order and written once with a plain store in the output
 // dtype: no atomics, no zero-filled accumulation buffer, no cast pass, bitwise deterministic.
 //
-// Relations in which no row of the tile has a neighbour are skipped (one block vote per relation):
-// in strided / transposed maps most (output, relation) slots are empty, and even on submanifold maps
-// whole tiles often miss the relations that point off the surface.
+// Relations in which no row of the tile has a neighbour are skipped: in strided / transposed maps
+// most (output, relation) slots are empty, and on a submanifold map of a surface a sorted tile
+// (table_order) typically touches a third of the relations.
 #include <cstdint>
 
 #include "numeric.cuh"
@@ -26,28 +26,39 @@ struct ConvTableArgs {
   const T* x;          // [num_in, groups * cin_g]
   const T* weight;     // [R, groups, cin_g, cout_g], contiguous
   const Idx* table;    // [num_out, R], contiguous; input row or -1
+  const Idx* order;    // [num_out] processing order of the outputs (table_order), or nullptr
   T* out;              // [num_out, groups * cout_g], fully overwritten
   int64_t num_in, num_out, num_relations;
   int groups, cin_g, cout_g, n_tiles;
   bool vec_x, vec_w;   // 16-byte (and cp.async) loads allowed for x rows / W rows (see load_rows)
-  bool vec_out;        // 16-byte stores allowed for output rows
+  bool vec_out2;       // two-element (4-byte) stores allowed for output rows
 };
+
+// Output row processed as tile row m (table_order, see the tensor-core kernel), or -1 past num_out or
+// for an order entry out of range.
+template <typename Idx>
+__device__ __forceinline__ int64_t table_output_row(const Idx* order, int64_t num_out, int64_t m) {
+  if (m >= num_out) return -1;
+  const int64_t o = order ? static_cast<int64_t>(__ldg(order + m)) : m;
+  return o >= 0 && o < num_out ? o : -1;
+}
 
 // Column r of the block's BM x R slice of the table, as x element offsets in shared memory.
 template <int BM, typename Idx>
 struct TableColumn {
   const Idx* table;
+  const Idx* order;
   int64_t num_out, num_in, num_relations, m0, ldx, group_offset;
 
   // Block-wide (every thread must call it: it ends in a barrier). Sets s_in[i] to the offset of the
-  // group block of the x row feeding output m0 + i through relation r, or -1 (no neighbour, an entry
-  // out of range, a row past num_out). Returns whether any row of the tile has a neighbour.
+  // group block of the x row feeding tile row i's output through relation r, or -1 (no neighbour, an
+  // entry out of range, a row past num_out). Returns whether any row of the tile has a neighbour.
   __device__ __forceinline__ bool load(int64_t r, int64_t* s_in) const {
     int any = 0;
     for (int i = threadIdx.x; i < BM; i += blockDim.x) {
-      const int64_t o = m0 + i;
+      const int64_t o = table_output_row(order, num_out, m0 + i);
       int64_t off = -1;
-      if (o < num_out) {
+      if (o >= 0) {
         const int64_t row = __ldg(table + o * num_relations + r);
         if (row >= 0 && row < num_in) off = row * ldx + group_offset;
       }
@@ -67,107 +78,144 @@ struct TableColumn {
 template <int BM, typename T, typename Idx>
 __device__ __forceinline__ TableColumn<BM, Idx> table_column(const ConvTableArgs<T, Idx>& a, int g) {
   const int64_t ldx = int64_t{a.groups} * a.cin_g;
-  return {a.table, a.num_out, a.num_in, a.num_relations, int64_t{blockIdx.x} * BM, ldx, int64_t{g} * a.cin_g};
+  return {a.table,       a.order, a.num_out, a.num_in, a.num_relations, int64_t{blockIdx.x} * BM,
+          ldx,           int64_t{g} * a.cin_g};
 }
 
-// Tensor-core variant (half / bfloat16). Warps form a (BM/WM) x (BN/WN) grid over the block tile.
-// Two shared-memory stages of A [BM][BK+8] and B [BK][BN+8]: while the warps multiply one stage, the
-// cp.async copies of the next (relation, C_in chunk) step fill the other, which hides the latency of
-// the gather (rows that do not fit the vector preconditions are loaded synchronously into the idle
-// stage instead, same schedule). After the K loop the stages are reused as the fp32 C tile
-// [BM][BN+4], so that the epilogue converts and stores whole 16-byte chunks of output rows.
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN>
+// Tensor-core variant (half / bfloat16, sm_80+), a multistage implicit GEMM.
+//
+// Rows: tile row i is output order[m0 + i] (table_order: relconv sorts outputs by their occupied
+// relations, so the rows of a tile share relations and fewer (tile, relation) blocks are computed for
+// rows that have no neighbour there; without an order, output m0 + i).
+// Relations are taken in chunks of kRelChunk: the block reads its rows' table entries for the chunk
+// into shared memory once, with the set of relations any row uses, then runs a flat sequence of
+// steps (busy relation, BK-wide C_in chunk). kStages shared-memory stages of A [BM][BK+8] (gathered
+// x rows, zero rows where there is no neighbour) and B [BK][BN+8] (W[r] slab) form a cp.async
+// pipeline: step t + kStages - 1 is in flight while step t is multiplied, one barrier per step.
+// Rows that do not meet the 16-byte preconditions are loaded synchronously into the stage instead.
+// Warps form a (BM/WM) x (BN/WN) grid of mma.sync m16n8k16 tiles; the epilogue stores pairs of
+// output elements straight from the accumulators.
+constexpr int kRelChunk = 32;
+
+template <typename T, int BM, int BN, int BK, int kStages>
+struct TableMmaSmem {
+  static constexpr int kLdA = BK + 8, kLdB = BN + 8;
+  static constexpr int kStage = BM * kLdA + BK * kLdB;  // elements
+  static constexpr int kStageBytes = kStage * static_cast<int>(sizeof(T));
+  static constexpr int kRowsBytes = BM * kRelChunk * static_cast<int>(sizeof(int32_t));
+  static constexpr int kBytes = kStages * kStageBytes + kRowsBytes;
+  static_assert((BM * kLdA * sizeof(T)) % 16 == 0 && kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
+};
+
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
-    conv_forward_table_wmma(const ConvTableArgs<T, Idx> a) {
+    conv_forward_table_mma(const ConvTableArgs<T, Idx> a) {
+  using Smem = TableMmaSmem<T, BM, BN, BK, kStages>;
   constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
-  constexpr int kLdA = BK + 8, kLdB = BN + 8, kLdC = BN + 4;
-  constexpr int kStage = BM * kLdA + BK * kLdB;  // elements
-  constexpr int kBytesAB = 2 * kStage * static_cast<int>(sizeof(T));
-  constexpr int kBytesC = BM * kLdC * static_cast<int>(sizeof(float));
-  static_assert((BM * kLdA * sizeof(T)) % 128 == 0 && (kStage * sizeof(T)) % 128 == 0,
-                "every stage and its B tile must keep the 32-byte fragment alignment");
-  __shared__ __align__(128) unsigned char smem[kBytesAB > kBytesC ? kBytesAB : kBytesC];
-  __shared__ int64_t s_in[BM];
+  constexpr int kLdA = Smem::kLdA, kLdB = Smem::kLdB;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* stages = reinterpret_cast<T*>(smem);
+  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kStages * Smem::kStageBytes);  // [BM][kRelChunk]
+  __shared__ unsigned s_busy;
+  __shared__ int s_list[kRelChunk];  // the chunk's busy relations, ascending
+  __shared__ int s_count;
+  __shared__ int64_t s_out[BM];  // output row of each tile row (table_output_row)
 
   const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
-  const int64_t num_rel = a.num_relations;
-  const TableColumn<BM, Idx> column = table_column<BM>(a, g);
-  T* stages = reinterpret_cast<T*>(smem);
-
-  // Starts the loads of step (r, k0) into `stage`; s_in must hold relation r's column.
-  auto issue = [&](int64_t r, int k0, int stage) {
-    T* As = stages + stage * kStage;
-    T* Bs = As + BM * kLdA;
-    const T* w = a.weight + (r * a.groups + g) * int64_t{cin} * cout;
-    const auto a_rows = [&](int i) { return s_in[i]; };
-    const auto b_rows = [&](int k) { return k0 + k < cin ? int64_t{k0 + k} * cout : int64_t{-1}; };
-    if (a.vec_x) {
-      load_rows_async<T, BM, BK, kThreads>(As, kLdA, a.x, a_rows, k0, cin);
-    } else {
-      load_rows<T, BM, BK, kThreads, false, false>(As, kLdA, a.x, a_rows, NoScale{}, k0, cin, false);
-    }
-    if (a.vec_w) {
-      load_rows_async<T, BK, BN, kThreads>(Bs, kLdB, w, b_rows, n0, cout);
-    } else {
-      load_rows<T, BK, BN, kThreads, false, false>(Bs, kLdB, w, b_rows, NoScale{}, n0, cout, false);
-    }
-    cp_async_commit();
-  };
-
+  const int64_t m0 = int64_t{blockIdx.x} * BM, ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
+  const int k_steps = (cin + BK - 1) / BK;
   const int warp = threadIdx.x / 32, wm = warp / (BN / WN), wn = warp % (BN / WN);
-  WmmaWarpTile<T, WM, WN, nvcuda::wmma::row_major> tile;
+
+  // Output row of each tile row, read once: the order and table reads below are the only dependent
+  // global loads of the block, and issuing them all before using any keeps them to one round trip.
+  for (int i = threadIdx.x; i < BM; i += kThreads) s_out[i] = table_output_row(a.order, a.num_out, m0 + i);
+  __syncthreads();
+
+  MmaWarpTile<T, WM, WN> tile;
   tile.zero();
-  int64_t r = column.next(0, s_in);
-  int k0 = 0, stage = 0;
-  if (r < num_rel) issue(r, 0, 0);
-  __syncthreads();  // the loop's first search rewrites s_in, which the issue above reads
-  while (r < num_rel) {
-    int64_t next_r = r;
-    int next_k0 = k0 + BK;
-    if (next_k0 >= cin) {
-      next_k0 = 0;
-      next_r = column.next(r + 1, s_in);
+  for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
+    const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
+    if (threadIdx.x == 0) s_busy = 0;
+    __syncthreads();  // s_busy reset; the previous chunk's last step has finished reading s_rows
+    // Entry idx = i * kRelChunk + j: a warp reads consecutive relations of one output row. Unrolled
+    // so that several independent table loads are in flight per thread.
+    unsigned busy = 0;
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < BM * kRelChunk; idx += kThreads) {
+      const int i = idx / kRelChunk, j = idx % kRelChunk;
+      const int64_t o = j < width ? s_out[i] : -1;
+      const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
+      const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;  // num_in fits int32
+      s_rows[idx] = row;
+      if (row >= 0) busy |= 1u << j;
     }
-    // The idle stage was last read by the previous step's MMA, which the barrier below ended.
-    if (next_r < num_rel) {
-      issue(next_r, next_k0, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+    if (busy) atomicOr(&s_busy, busy);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const unsigned b = s_busy;
+      if (b >> threadIdx.x & 1u) s_list[__popc(b & ((1u << threadIdx.x) - 1u))] = threadIdx.x;
+      if (threadIdx.x == 0) s_count = __popc(b);
     }
     __syncthreads();
-    const T* As = stages + stage * kStage;
-    tile.template mma<BK>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN, kLdB);
-    __syncthreads();
-    r = next_r;
-    k0 = next_k0;
-    stage ^= 1;
+    const int steps = s_count * k_steps;
+
+    // Starts the loads of step t into stage t % kStages.
+    const auto issue = [&](int t) {
+      const int j = s_list[t / k_steps], k0 = (t % k_steps) * BK;
+      T* As = stages + (t % kStages) * Smem::kStage;
+      T* Bs = As + BM * kLdA;
+      const T* w = a.weight + ((c0 + j) * a.groups + g) * int64_t{cin} * cout;
+      const auto a_rows = [&](int i) {
+        const int32_t row = s_rows[i * kRelChunk + j];
+        return row >= 0 ? row * ldx + goff : int64_t{-1};
+      };
+      const auto b_rows = [&](int k) { return k0 + k < cin ? int64_t{k0 + k} * cout : int64_t{-1}; };
+      if (a.vec_x) {
+        load_rows_async<T, BM, BK, kThreads>(As, kLdA, a.x, a_rows, k0, cin);
+      } else {
+        load_rows<T, BM, BK, kThreads, false, false>(As, kLdA, a.x, a_rows, NoScale{}, k0, cin, false);
+      }
+      if (a.vec_w) {
+        load_rows_async<T, BK, BN, kThreads>(Bs, kLdB, w, b_rows, n0, cout);
+      } else {
+        load_rows<T, BK, BN, kThreads, false, false>(Bs, kLdB, w, b_rows, NoScale{}, n0, cout, false);
+      }
+    };
+
+#pragma unroll
+    for (int t = 0; t < kStages - 1; ++t) {
+      if (t < steps) issue(t);
+      cp_async_commit();  // empty groups keep the wait counts uniform
+    }
+    for (int t = 0; t < steps; ++t) {
+      cp_async_wait<kStages - 2>();
+      // Step t's stage is complete for every thread, and every warp is done with step t - 1's stage,
+      // which the issue below refills.
+      __syncthreads();
+      if (t + kStages - 1 < steps) issue(t + kStages - 1);
+      cp_async_commit();
+      const T* As = stages + (t % kStages) * Smem::kStage;
+      tile.template mma<BK>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN, kLdB);
+    }
+    cp_async_wait<0>();
   }
 
-  float* Cs = reinterpret_cast<float*>(smem);
-  tile.store(Cs + wm * WM * kLdC + wn * WN, kLdC);
-  __syncthreads();
-  const int64_t m0 = int64_t{blockIdx.x} * BM, ldo = int64_t{a.groups} * cout;
-  T* out = a.out + int64_t{g} * cout + n0;
-  if (a.vec_out) {
-    constexpr int V = kVecElems<T>, kChunks = BN / V;
-    for (int idx = threadIdx.x; idx < BM * kChunks; idx += kThreads) {
-      const int m = idx / kChunks, c = (idx % kChunks) * V;
-      if (m0 + m >= a.num_out || n0 + c >= cout) continue;
-      T e[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) e[j] = from_acc<T>(Cs[m * kLdC + c + j]);
-      uint4 u;
-      memcpy(&u, e, sizeof(u));
-      *reinterpret_cast<uint4*>(out + (m0 + m) * ldo + c) = u;
+  const int64_t ldo = int64_t{a.groups} * cout;
+  T* out = a.out + int64_t{g} * cout;
+  const int col0 = n0 + wn * WN;
+  tile.for_each_pair([&](int m, int n, float v0, float v1) {
+    const int64_t o = s_out[wm * WM + m];
+    const int c = col0 + n;
+    if (o < 0 || c >= cout) return;
+    T* p = out + o * ldo + c;
+    if (a.vec_out2 && c + 1 < cout) {
+      store_pair(p, v0, v1);
+    } else {
+      p[0] = from_acc<T>(v0);
+      if (c + 1 < cout) p[1] = from_acc<T>(v1);
     }
-  } else {
-    for (int idx = threadIdx.x; idx < BM * BN; idx += kThreads) {
-      const int m = idx / BN, n = idx % BN;
-      if (m0 + m < a.num_out && n0 + n < cout) out[(m0 + m) * ldo + n] = from_acc<T>(Cs[m * kLdC + n]);
-    }
-  }
+  });
 }
 
 // SIMT variant (float / double): thread (tm, tn) owns an interleaved TM x TN sub-tile, A stored
@@ -208,8 +256,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
   T* out = a.out + int64_t{g} * cout;
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
-    const int64_t o = m0 + tm + i * (BM / TM);
-    if (o >= a.num_out) continue;
+    const int64_t o = table_output_row(a.order, a.num_out, m0 + tm + i * (BM / TM));
+    if (o < 0) continue;
 #pragma unroll
     for (int j = 0; j < TN; ++j) {
       const int n = n0 + tn + j * (BN / TN);

@@ -2,12 +2,15 @@
 // kernel_map_query.cuh). Only relconv_strided_coords reads device memory on the host: the number of
 // coarse sites sizes its output, and the error words of the same call ride along in that one copy.
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_select.cuh>
 #include <limits>
 #include <optional>
@@ -153,6 +156,42 @@ at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in
   return out;
 }
 
+// Rows of a neighbour table sorted by their occupied relations (occupancy_keys_kernel): the
+// table_order of the output-stationary kernel. A radix sort over only the key bits in use (4 passes
+// for 27 relations); no host sync.
+at::Tensor neighbor_table_order_cuda(const at::Tensor& table) {
+  TORCH_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
+  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
+                    "table must be int32 or int64, got ", table.scalar_type());
+  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
+  const int64_t n = table.size(0), r = table.size(1);
+  TORCH_CHECK_VALUE(n <= std::numeric_limits<int32_t>::max(), "table has ", n, " rows; at most 2^31 - 1");
+  const c10::cuda::CUDAGuard guard(table.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor t = table.contiguous();
+  at::Tensor order = at::empty({n}, t.options());
+  if (n == 0) return order;
+  const auto keys = at::empty({2, n}, t.options().dtype(at::kInt));
+  at::Tensor rows = at::empty({n}, t.options());
+  const int end_bit = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(r, 31)));
+  AT_DISPATCH_INDEX_TYPES(t.scalar_type(), "neighbor_table_order", [&] {
+    cuda::occupancy_keys_kernel<index_t><<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
+        t.const_data_ptr<index_t>(), n, r, keys[0].mutable_data_ptr<int32_t>(), rows.mutable_data_ptr<index_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    size_t temp_bytes = 0;
+    const auto sort = [&](void* temp) {
+      C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+          temp, temp_bytes, keys[0].const_data_ptr<int32_t>(), keys[1].mutable_data_ptr<int32_t>(),
+          rows.const_data_ptr<index_t>(), order.mutable_data_ptr<index_t>(), static_cast<int>(n), 0, end_bit,
+          stream));
+    };
+    sort(nullptr);
+    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, t.options().dtype(at::kByte));
+    sort(temp.mutable_data_ptr());
+  });
+  return order;
+}
+
 void raise_coord_errors(int32_t bits) {
   TORCH_CHECK_VALUE(!(bits & cuda::kErrNegativeBatch), "coords batch indices (column 0) must be non-negative");
   TORCH_CHECK_VALUE(!(bits & cuda::kErrDuplicate),
@@ -230,6 +269,7 @@ TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
   m.impl("coord_hash", &coord_hash_cuda);
   m.impl("kernel_map_table", &kernel_map_table_cuda);
   m.impl("transpose_neighbor_table", &transpose_neighbor_table_cuda);
+  m.impl("neighbor_table_order", &neighbor_table_order_cuda);
   m.impl("strided_coords", &strided_coords_cuda);
 }
 

@@ -63,6 +63,22 @@ __global__ void transpose_table_kernel(const Idx* __restrict__ table, int64_t nu
   transposed[static_cast<int64_t>(row) * volume + (t - o * volume)] = static_cast<Idx>(o);
 }
 
+// Sort key of output row o of a neighbour table: bit r set when relation r (< 31) has an input, so
+// that sorting rows by key puts rows with the same occupied relations next to each other. Also
+// writes the identity permutation the sort carries along.
+template <typename Idx>
+__global__ void occupancy_keys_kernel(const Idx* __restrict__ table, int64_t num_out, int64_t num_relations,
+                                      int32_t* __restrict__ keys, Idx* __restrict__ rows) {
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= num_out) return;
+  const Idx* row = table + o * num_relations;
+  const int64_t bits = num_relations < 31 ? num_relations : 31;
+  int32_t key = 0;
+  for (int64_t r = 0; r < bits; ++r) key |= static_cast<int32_t>(row[r] >= 0) << r;
+  keys[o] = key;
+  rows[o] = static_cast<Idx>(o);
+}
+
 __device__ __forceinline__ int64_t floor_to_step(int32_t v, int64_t step) {
   const int64_t q = v >= 0 ? v / step : -((-static_cast<int64_t>(v) + step - 1) / step);
   return q * step;

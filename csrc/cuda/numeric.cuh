@@ -39,4 +39,12 @@ __device__ __forceinline__ float from_acc<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ double from_acc<double>(double v) { return v; }
 
+// Stores two adjacent half / bfloat16 elements with one 4-byte store (p must be 4-byte aligned).
+__device__ __forceinline__ void store_pair(__half* p, float v0, float v1) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(v0, v1);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+}
+
 }  // namespace relconv::cuda

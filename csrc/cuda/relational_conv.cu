@@ -3,6 +3,7 @@
 // relations. No host synchronisation: every launch size comes from tensor shapes, so a forward pass
 // can be captured in a CUDA graph.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -138,53 +139,90 @@ void forward_by_width(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& 
 
 // ---------------------------------------------------------------- forward over a neighbour table
 
-template <typename T, typename Idx, typename Cfg, bool kTensorCores>
-void launch_forward_table(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
+// Grid of a table kernel: x = BM-row output tiles, y = group * channel tiles (sets a.n_tiles).
+template <typename Cfg, typename T, typename Idx>
+dim3 table_grid(cuda::ConvTableArgs<T, Idx>& a) {
   const int64_t row_tiles = (a.num_out + Cfg::BM - 1) / Cfg::BM;
   TORCH_CHECK(row_tiles <= std::numeric_limits<int32_t>::max(), "relconv: ", a.num_out,
               " output rows need more than 2^31 - 1 thread blocks");
   a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
   const int64_t y = int64_t{a.n_tiles} * a.groups;
   check_grid_y(y);
-  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y));
-  if constexpr (kTensorCores) {
-    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
-    cuda::conv_forward_table_wmma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN>
-        <<<grid, kThreads, 0, stream>>>(a);
-  } else {
-    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN);
-    cuda::conv_forward_table_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN>
-        <<<grid, kThreads, 0, stream>>>(a);
-  }
+  return dim3(static_cast<unsigned>(row_tiles), static_cast<unsigned>(y));
+}
+
+template <typename T, typename Idx, typename Cfg>
+void launch_forward_table_simt(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
+  const dim3 grid = table_grid<Cfg>(a);
+  constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN);
+  cuda::conv_forward_table_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN><<<grid, kThreads, 0, stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename Idx, typename Cfg, int kStages>
+void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
+  const dim3 grid = table_grid<Cfg>(a);
+  constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
+  constexpr int kBytes = cuda::TableMmaSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
+  const auto kernel = cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages>;
+  // Past 48 KiB of dynamic shared memory a kernel must opt in (once per process and kernel; the
+  // attribute is per function, and every device of one process runs the same image).
+  static const bool opted_in = [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    return true;
+  }();
+  (void)opted_in;
+  kernel<<<grid, kThreads, kBytes, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Output rows are owned by one block each, so there is no atomic traffic to amortise with tall
-// tiles: narrow outputs use 64-row tiles too (more blocks, and a finer grain for skipping relations).
+// tiles: 64-row tiles give more blocks and a finer grain for skipping relations. Tensor-core tiles
+// keep 4 warps and 16-64 accumulators per thread.
 template <typename T, typename Idx>
 void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-    if (a.cout_g <= 32) return launch_forward_table<T, Idx, Tiles<64, 32, 32, 16, 32>, true>(a, stream);
-    if (a.cout_g <= 64) return launch_forward_table<T, Idx, Tiles<64, 64, 32, 32, 32>, true>(a, stream);
-    return launch_forward_table<T, Idx, Tiles<64, 128, 32, 32, 64>, true>(a, stream);
+    // Measured on an H100 (benchmarks/profile_voxel.py, 64-beam scan, ordered table): with C_in >= 64
+    // a 64-wide K step and 3 stages beat 32-wide steps and 4 stages (subm 3^3 C64 78 vs 91 us,
+    // C128 210 vs 246 us); 32-row and 128-row tiles and 6 blocks per SM measured in between.
+    if (a.cin_g >= 64 && a.cout_g > 32) {
+      if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, 64, 32, 32>, 3>(a, stream);
+      return launch_forward_table_mma<T, Idx, Tiles<64, 128, 64, 32, 64>, 3>(a, stream);
+    }
+    constexpr int S = 4;
+    if (a.cout_g <= 16) return launch_forward_table_mma<T, Idx, Tiles<64, 16, 32, 16, 16>, S>(a, stream);
+    if (a.cout_g <= 32) return launch_forward_table_mma<T, Idx, Tiles<64, 32, 32, 32, 16>, S>(a, stream);
+    if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, 32, 32, 32>, S>(a, stream);
+    return launch_forward_table_mma<T, Idx, Tiles<64, 128, 32, 32, 64>, S>(a, stream);
   } else {
-    if (a.cout_g <= 32) return launch_forward_table<T, Idx, Tiles<64, 32, 16, 2, 4>, false>(a, stream);
-    if (a.cout_g <= 64) return launch_forward_table<T, Idx, Tiles<64, 64, 16, 4, 4>, false>(a, stream);
-    return launch_forward_table<T, Idx, Tiles<64, 128, 16, 4, 8>, false>(a, stream);
+    if (a.cout_g <= 32) return launch_forward_table_simt<T, Idx, Tiles<64, 32, 16, 2, 4>>(a, stream);
+    if (a.cout_g <= 64) return launch_forward_table_simt<T, Idx, Tiles<64, 64, 16, 4, 4>>(a, stream);
+    return launch_forward_table_simt<T, Idx, Tiles<64, 128, 16, 4, 8>>(a, stream);
   }
 }
 
 // The output-stationary path (see conv_forward_table.cuh); writes every output element itself.
 at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& table,
-                                      const ConvShape& s, int64_t num_out) {
+                                      const std::optional<at::Tensor>& order, const ConvShape& s,
+                                      int64_t num_out) {
   if (num_out == 0 || s.cout_g == 0) return at::empty({num_out, s.groups * s.cout_g}, x.options());
   // The pair count may be unknown here (s.num_pairs == -1): an all -1 table yields zeros anyway.
   if (s.num_pairs == 0 || s.cin_g == 0 || s.num_relations == 0 || x.size(0) == 0) {
     return at::zeros({num_out, s.groups * s.cout_g}, x.options());
   }
   check_int32_channels(s);
+  const bool half = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
+  if (half) {
+    // mma.sync m16n8k16 and cp.async; the tensor-core kernel keeps input rows as int32 in shared memory.
+    const auto* prop = at::cuda::getCurrentDeviceProperties();
+    TORCH_CHECK(prop->major >= 8, "relconv's fp16/bf16 output-stationary kernel needs compute capability 8.0+, got ",
+                prop->major, ".", prop->minor, "; use dataflow=Dataflow.FETCH_ON_DEMAND");
+    TORCH_CHECK(x.size(0) <= std::numeric_limits<int32_t>::max(),
+                "relconv: the fp16/bf16 output-stationary kernel takes at most 2^31 - 1 input rows, got ", x.size(0));
+  }
   at::Tensor out = at::empty({num_out, s.groups * s.cout_g}, x.options());
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), tc = table.contiguous();
+  const std::optional<at::Tensor> oc = order.has_value() ? std::optional(order->contiguous()) : std::nullopt;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_types(x.scalar_type(), table.scalar_type(), [&](auto t, auto i) {
     using T = decltype(t);
@@ -194,6 +232,7 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.x = ptr<T>(xc);
     a.weight = ptr<T>(wc);
     a.table = ptr<Idx>(tc);
+    a.order = oc ? ptr<Idx>(*oc) : nullptr;
     a.out = reinterpret_cast<T*>(out.mutable_data_ptr());
     a.num_in = x.size(0);
     a.num_out = num_out;
@@ -203,7 +242,7 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.cout_g = static_cast<int>(s.cout_g);
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
     a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
-    a.vec_out = s.cout_g % V == 0 && aligned16(a.out);
+    a.vec_out2 = s.cout_g % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % 4 == 0;
     forward_table_by_width<T, Idx>(a, stream);
   });
   return out;
@@ -212,15 +251,18 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
 at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                 const std::optional<at::Tensor>& scale, int64_t num_out,
-                                const std::optional<at::Tensor>& neighbor_table) {
+                                const std::optional<at::Tensor>& neighbor_table,
+                                const std::optional<at::Tensor>& table_order) {
   // A map built as a neighbour table passes no pairs to an inference forward (pairs_absent).
   const bool table_only = pairs_absent(neighbor_table, in_index, out_index, rel_ptr);
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale, table_only);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
-  check_neighbor_table(neighbor_table, in_index, scale, num_out, s.num_relations);
+  check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
   const c10::cuda::CUDAGuard guard(x.device());
-  if (neighbor_table.has_value()) return relational_conv_table_cuda(x, weight, *neighbor_table, s, num_out);
+  if (neighbor_table.has_value()) {
+    return relational_conv_table_cuda(x, weight, *neighbor_table, table_order, s, num_out);
+  }
   const auto acc = acc_dtype(x.scalar_type());
   // float32/float64 accumulate straight into the output; half/bfloat16 into an fp32 buffer, cast at the end.
   at::Tensor out = at::zeros({num_out, s.groups * s.cout_g}, x.options().dtype(acc));

@@ -1,6 +1,6 @@
 #pragma once
-// The multiply of one shared-memory K-slab: tensor-core warp tiles (WMMA, half/bfloat16) and SIMT
-// thread tiles (float/double). Both compute C[m, n] += sum_k A(m, k) * B(k, n) with B stored
+// The multiply of one shared-memory K-slab: tensor-core warp tiles (WMMA, or mma.sync with ldmatrix,
+// half/bfloat16) and SIMT thread tiles (float/double). Both compute C[m, n] += sum_k A(m, k) * B(k, n) with B stored
 // k-major (element (k, n) at b[k * ldb + n]); A's layout is a template parameter.
 #include <mma.h>
 
@@ -54,6 +54,105 @@ struct WmmaWarpTile {
 #pragma unroll
       for (int j = 0; j < kFragsN; ++j)
         nvcuda::wmma::store_matrix_sync(c + i * 16 * ldc + j * 16, acc[i][j], ldc, nvcuda::wmma::mem_row_major);
+  }
+};
+
+// d += a @ b on one m16n8k16 tensor-core tile (fragments in the PTX ISA register layout).
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "mma.sync m16n8k16 takes half or bfloat16");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#endif
+}
+
+// One warp owns a WM x WN block of C as (WM/16) x (WN/8) m16n8 fp32 accumulators of mma.sync m16n8k16
+// (sm_80+). Compared with WMMA it keeps the fragments in a known register layout, so the epilogue
+// stores straight from registers (no fp32 C tile in shared memory), and ldmatrix loads a whole
+// 16x16 operand per instruction.
+// A is row-major in shared memory (A(m, k) at a[m * lda + k]), B k-major (B(k, n) at b[k * ldb + n]);
+// lda and ldb must keep every 8-element row chunk 16-byte aligned and should be padded by 8 elements
+// so that the 8 row addresses of one ldmatrix fall in distinct banks.
+template <typename T, int WM, int WN>
+struct MmaWarpTile {
+  static constexpr int kTilesM = WM / 16, kTilesN = WN / 8;
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be whole 16x16 operand blocks");
+  float acc[kTilesM][kTilesN][4];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i)
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  }
+
+  // a, b point at this warp's (m, k = 0) and (k = 0, n) origins in shared memory.
+  template <int BK>
+  __device__ __forceinline__ void mma(const T* a, int lda, const T* b, int ldb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int lane = threadIdx.x % 32;
+    // ldmatrix x4 row addresses: lanes 0-15 rows 0-15 of the first 8 k, lanes 16-31 of the next 8.
+    const int row = lane % 16, half8 = (lane / 16) * 8;
+#pragma unroll
+    for (int k = 0; k < BK; k += 16) {
+      unsigned fa[kTilesM][4], fb[kTilesN][2];
+#pragma unroll
+      for (int i = 0; i < kTilesM; ++i) ldmatrix_x4(fa[i], a + (i * 16 + row) * lda + k + half8);
+#pragma unroll
+      for (int j = 0; j < kTilesN; j += 2) {
+        unsigned r[4];
+        // Transposed: lanes 0-15 give k rows 0-15 at columns n..n+7, lanes 16-31 at n+8..n+15.
+        ldmatrix_x4_trans(r, b + (k + row) * ldb + j * 8 + half8);
+        fb[j][0] = r[0], fb[j][1] = r[1], fb[j + 1][0] = r[2], fb[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < kTilesM; ++i)
+#pragma unroll
+        for (int j = 0; j < kTilesN; ++j) mma_16816<T>(acc[i][j], fa[i], fb[j]);
+    }
+#endif
+  }
+
+  // Calls store(m, n, v0, v1) for the two adjacent accumulators (m, n), (m, n + 1) this thread owns,
+  // m and n relative to the warp tile's origin.
+  template <typename Store>
+  __device__ __forceinline__ void for_each_pair(Store store) const {
+    const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i)
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        store(i * 16 + gid, j * 8 + 2 * tig, acc[i][j][0], acc[i][j][1]);
+        store(i * 16 + gid + 8, j * 8 + 2 * tig, acc[i][j][2], acc[i][j][3]);
+      }
+  }
+
+ private:
+  static __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const T* p) {
+    const auto s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+  }
+  static __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const T* p) {
+    const auto s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
   }
 };
 

@@ -15,12 +15,13 @@ template <c10::DispatchKey kKey, c10::DeviceType kDevice>
 at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
                          const at::Tensor& out_index, const at::Tensor& rel_ptr,
                          const std::optional<at::Tensor>& scale, c10::SymInt num_out,
-                         const std::optional<at::Tensor>& neighbor_table) {
+                         const std::optional<at::Tensor>& neighbor_table,
+                         const std::optional<at::Tensor>& table_order) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
   const auto dtype = at::autocast::get_autocast_dtype(kDevice);
   return conv_op().call(at::autocast::cached_cast(dtype, x, kDevice),
                         at::autocast::cached_cast(dtype, weight, kDevice), in_index, out_index, rel_ptr, scale,
-                        std::move(num_out), neighbor_table);
+                        std::move(num_out), neighbor_table, table_order);
 }
 
 template <c10::DispatchKey kKey, c10::DeviceType kDevice>

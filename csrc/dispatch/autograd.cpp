@@ -41,7 +41,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& in_index, const at::Tensor& out_index, const at::Tensor& rel_ptr,
                             const std::optional<at::Tensor>& scale, c10::SymInt num_out,
-                            const std::optional<at::Tensor>& neighbor_table) {
+                            const std::optional<at::Tensor>& neighbor_table,
+                            const std::optional<at::Tensor>& table_order) {
     at::AutoDispatchBelowADInplaceOrView below;
     const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
     if (needs_grad && neighbor_table.has_value() && rel_ptr.sym_numel() == 0) {
@@ -51,7 +52,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       ctx->save_for_backward({x, weight, in_index, out_index, rel_ptr, or_undefined(scale)});
     }
     ctx->saved_data["num_in"] = x.sym_size(0);
-    return conv_op().call(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table);
+    return conv_op().call(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,
+                          table_order);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -63,12 +65,13 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     at::Tensor grad_x, grad_w;
     if (ctx->needs_input_grad(0)) {
       grad_x = conv_op().call(grad, weight.transpose(2, 3), out_index, in_index, rel_ptr, scale,
-                              ctx->saved_data["num_in"].toSymInt(), std::nullopt);
+                              ctx->saved_data["num_in"].toSymInt(), std::nullopt, std::nullopt);
     }
     if (ctx->needs_input_grad(1)) {
       grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, weight.size(1));
     }
-    return {grad_x, grad_w, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x,       grad_w,       at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -92,10 +95,11 @@ class WeightGradFunction : public torch::autograd::Function<WeightGradFunction> 
     at::Tensor dx, dg;
     if (ctx->needs_input_grad(0)) {
       dx = conv_op().call(grad_out, gw.transpose(2, 3), out_index, in_index, rel_ptr, scale, x.sym_size(0),
-                          std::nullopt);
+                          std::nullopt, std::nullopt);
     }
     if (ctx->needs_input_grad(1)) {
-      dg = conv_op().call(x, gw, in_index, out_index, rel_ptr, scale, grad_out.sym_size(0), std::nullopt);
+      dg = conv_op().call(x, gw, in_index, out_index, rel_ptr, scale, grad_out.sym_size(0), std::nullopt,
+                          std::nullopt);
     }
     return {dx, dg, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -104,8 +108,10 @@ class WeightGradFunction : public torch::autograd::Function<WeightGradFunction> 
 at::Tensor conv_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
                          const at::Tensor& out_index, const at::Tensor& rel_ptr,
                          const std::optional<at::Tensor>& scale, c10::SymInt num_out,
-                         const std::optional<at::Tensor>& neighbor_table) {
-  return ConvFunction::apply(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table);
+                         const std::optional<at::Tensor>& neighbor_table,
+                         const std::optional<at::Tensor>& table_order) {
+  return ConvFunction::apply(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,
+                             table_order);
 }
 
 at::Tensor weight_grad_autograd(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,

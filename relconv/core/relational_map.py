@@ -313,6 +313,21 @@ class RelationalMap:
             self._cache["neighbor_table"] = table
         return table
 
+    def table_order(self) -> Tensor:
+        """The outputs sorted by the relations they use (`[num_out]`, the table's index dtype):
+        the order in which the CUDA output-stationary kernel takes them, so that the rows of one
+        tile share relations and the kernel computes fewer empty (tile, relation) blocks. A
+        schedule only: each output is computed alone, the result does not depend on it. CUDA maps
+        only (the op that builds it is a CUDA kernel); cached.
+        """
+        order = self._cache.get("table_order")
+        if order is None:
+            from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+
+            order = torch.ops.relconv.neighbor_table_order(self.neighbor_table())
+            self._cache["table_order"] = order
+        return order
+
     # ------------------------------------------------------------------ validation
     def _check_metadata(self) -> None:
         """Checks shapes, dtypes and devices (no device reads)."""

@@ -85,7 +85,8 @@ def relational_conv(
         in_index, out_index, rel_ptr = rmap.absent_pairs()
     else:
         in_index, out_index, rel_ptr = rmap.in_index, rmap.out_index, rmap.rel_ptr
-    return _conv(x, w, in_index, out_index, rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out, table)
+    order = None if table is None else rmap.table_order()
+    return _conv(x, w, in_index, out_index, rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out, table, order)
 
 
 def _output_stationary_table(rmap: RelationalMap, x: Tensor, dataflow: Dataflow) -> Tensor | None:
@@ -125,8 +126,15 @@ def _shape(t: object) -> str:
 
 # ---------------------------------------------------------------------------- fake kernels
 @torch.library.register_fake("relconv::relational_conv")
-def _conv_fake(x, weight, in_index, out_index, rel_ptr, scale, num_out, neighbor_table=None):
+def _conv_fake(
+    x, weight, in_index, out_index, rel_ptr, scale, num_out, neighbor_table=None, table_order=None
+):
     return x.new_empty((num_out, weight.shape[1] * weight.shape[3]))
+
+
+@torch.library.register_fake("relconv::neighbor_table_order")
+def _table_order_fake(table):
+    return table.new_empty((table.shape[0],))
 
 
 @torch.library.register_fake("relconv::relational_conv_weight_grad")
