@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 NO_BF16 = "spconv 2.3.8 has no bf16 kernels (KeyError; training then segfaulted)"
 
 
+# spconv.pytorch.conv: a strided conv whose indice_key is already in its input's indice_dict fails
+# ("only support reuse subm indices"); its map is kept only for the matching inverse conv, so a
+# strided layer builds its map on every call: its "fresh" row is what a spconv user gets.
+STRIDED_REBUILDS = "spconv reuses a strided conv's map only in its inverse conv (see the fresh row)"
+
+
 def check_dtype(dtype: torch.dtype) -> str | None:
     """Why spconv cannot run this dtype, or None."""
     return NO_BF16 if dtype == torch.bfloat16 else None
@@ -139,6 +145,8 @@ def layer_case(setup: LayerSetup) -> Prepared:
     device, dtype = setup.device, setup.dtype
     if why := check_dtype(dtype):
         raise Unsupported(why)
+    if spec["map"] == "cached" and spec["op"] in ("down2", "down3"):
+        raise Unsupported(STRIDED_REBUILDS)
     train = prepare.training(spec)
     conv = layer(spec["op"], c, c, key="k").to(device, dtype).train(train)
     load_weight(conv, setup.weight.to(device, dtype), setup.kernel_size)
@@ -170,7 +178,7 @@ def layer_case(setup: LayerSetup) -> Prepared:
 
     with torch.no_grad():
         first = conv(make_input(inputs[0]))
-    if spec["map"] == "cached" and not OPS[spec["op"]].transposed:
+    if spec["map"] == "cached" and spec["op"] == "subm3":
         # spconv keeps a layer's map in its OUTPUT tensor's indice_dict; an input tensor never
         # sees it, so `base.replace_feature(f)` alone rebuilt the map on every "cached" call
         # (measured on the GPU host: 19 launches and 3 syncs per call instead of 1 launch). A

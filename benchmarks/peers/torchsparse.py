@@ -218,7 +218,12 @@ def layer_case(setup: LayerSetup) -> Prepared:
         down = layer("down2", c, c).to(device, dtype).train(train)
         zeros = torch.zeros(len(scene.coords), c, device=device, dtype=dtype)
         with torch.no_grad():
-            coarse = down(sparse_tensor(zeros, scene.coords, bs, grid))
+            fine = sparse_tensor(zeros, scene.coords, bs, grid)
+            # A transposed conv finds its output sites in the cache under the fine stride, which
+            # TorchSparse++ registers for every conv OUTPUT; a raw input tensor has no entry
+            # (KeyError (1, 1, 1)), so register it as a preceding layer would have.
+            fine._caches.cmaps.setdefault(fine.stride, (fine.coords, fine.spatial_range))
+            coarse = down(fine)
         inputs = [prepare.reorder(f, setup.in_coords.long(), keys(coarse)) for f in setup.inputs]
 
         def make_input(f):

@@ -85,7 +85,7 @@ def relational_conv(
         in_index, out_index, rel_ptr = rmap.absent_pairs()
     else:
         in_index, out_index, rel_ptr = rmap.in_index, rmap.out_index, rmap.rel_ptr
-    order = None if table is None else rmap.table_order()
+    order = None if table is None else rmap.reused_table_order()
     return _conv(x, w, in_index, out_index, rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out, table, order)
 
 

@@ -59,8 +59,11 @@ def test_public_op_uses_the_order_and_matches_fetch_on_demand():
     rmap = _map(n=5000, seed=9)
     x = torch.randn(rmap.num_in, 64, device="cuda", dtype=torch.float16)
     w = torch.randn(27, 64, 64, device="cuda", dtype=torch.float16) / 40
+    first = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
+    assert "table_order" not in rmap._cache  # a map used once is not sorted
     table_out = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert "table_order" in rmap._cache
+    assert torch.equal(first, table_out)
     pairs_out = relational_conv(x, w, rmap, dataflow=Dataflow.FETCH_ON_DEMAND)
     torch.testing.assert_close(table_out.float(), pairs_out.float(), rtol=2e-3, atol=2e-3)
 
