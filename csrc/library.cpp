@@ -18,6 +18,10 @@
 //            neighbour pattern so that a tile's rows share relations, see neighbor_table_order);
 //            every output is still computed alone, so the result does not depend on it. It must be
 //            a permutation (relconv's builder makes one); entries out of range are skipped.
+//   bias     optional [G * C_out_g] in x's dtype, added to every output row (rows without pairs too);
+//   relu     max(0, .) after the bias. Both belong to the op so that the CUDA table kernel applies
+//            them in its epilogue (a folded Conv-BN-ReLU layer is one kernel); the other paths apply
+//            them to the accumulator before the cast to x's dtype.
 //   neighbor_table_order(table) -> [num_out] permutation sorting rows by their occupied slots.
 //
 // Kernel-map builders (CUDA only; the CPU path builds maps in torch, relconv/voxel/kernel_map.py).
@@ -40,7 +44,7 @@ TORCH_LIBRARY(relconv, m) {
   m.def(
       "relational_conv(Tensor x, Tensor weight, Tensor in_index, Tensor out_index, "
       "Tensor rel_ptr, Tensor? scale, SymInt num_out, Tensor? neighbor_table=None, "
-      "Tensor? table_order=None) -> Tensor");
+      "Tensor? table_order=None, Tensor? bias=None, bool relu=False) -> Tensor");
   m.def(
       "relational_conv_weight_grad(Tensor x, Tensor grad_out, Tensor in_index, "
       "Tensor out_index, Tensor rel_ptr, Tensor? scale, int groups) -> Tensor");

@@ -115,6 +115,17 @@ inline void check_neighbor_table(const std::optional<at::Tensor>& table, const s
                     order->device());
 }
 
+// The epilogue bias: [groups * cout_g] (cout_total) in x's dtype on x's device, added to every output row.
+inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int64_t cout_total) {
+  if (!bias.has_value()) return;
+  const auto& b = *bias;
+  TORCH_CHECK_VALUE(b.dim() == 1 && b.numel() == cout_total, "bias must have shape [C_out] = [", cout_total,
+                    "], got ", b.sizes());
+  TORCH_CHECK_VALUE(b.scalar_type() == x.scalar_type(), "bias dtype (", b.scalar_type(), ") must match x dtype (",
+                    x.scalar_type(), ")");
+  TORCH_CHECK_VALUE(b.device() == x.device(), "bias must be on ", x.device(), " like x, got ", b.device());
+}
+
 inline ConvShape check_weight_grad_args(const at::Tensor& x, const at::Tensor& grad_out,
                                         const at::Tensor& in_index, const at::Tensor& out_index,
                                         const at::Tensor& rel_ptr,

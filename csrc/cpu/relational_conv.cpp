@@ -192,22 +192,32 @@ void forward_threaded_gemm(at::Tensor& out, const at::Tensor& xa, const at::Tens
   }
 }
 
+// The epilogue on the accumulator (bias, then ReLU), then its one rounding to the output dtype: the
+// order the CUDA table kernel uses, so both devices round the same value.
+at::Tensor finish(at::Tensor& acc, const std::optional<at::Tensor>& bias, bool relu, at::ScalarType dtype) {
+  if (bias.has_value()) acc.add_(*bias);
+  if (relu) acc.relu_();
+  return acc.to(dtype);
+}
+
 at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
                                const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                const std::optional<at::Tensor>& scale, int64_t num_out,
                                const std::optional<at::Tensor>& neighbor_table,
-                               const std::optional<at::Tensor>& table_order) {
+                               const std::optional<at::Tensor>& table_order,
+                               const std::optional<at::Tensor>& bias, bool relu) {
   // The pair lists carry the same information as the neighbour table; the CPU path uses the former
   // (and the table order, a schedule of the CUDA table kernel, means nothing here).
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
   check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
+  check_bias(bias, x, s.groups * s.cout_g);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   check_map_data(in_index, out_index, rel_ptr, x.size(0), num_out);
   const auto acc = acc_dtype(x.scalar_type());
   const int64_t cin = s.groups * s.cin_g, cout = s.groups * s.cout_g;
   at::Tensor out = at::zeros({num_out, cout}, x.options().dtype(acc));
-  // No pairs, or no channels (BLAS rejects a zero leading dimension): the output is all zeros.
-  if (s.num_pairs == 0 || cout == 0 || cin == 0) return out.to(x.scalar_type());
+  // No pairs, or no channels (BLAS rejects a zero leading dimension): the sum is all zeros.
+  if (s.num_pairs == 0 || cout == 0 || cin == 0) return finish(out, bias, relu, x.scalar_type());
   const at::Tensor xc = x.contiguous();
   const at::Tensor wa = weight.to(acc).contiguous();
   const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous();
@@ -231,7 +241,7 @@ at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, co
                                                 bk, s.num_relations, s);
     });
   });
-  return out.to(x.scalar_type());
+  return finish(out, bias, relu, x.scalar_type());
 }
 
 // Pairs per weight-gradient chunk: a function of the problem only, so the summation order (and the

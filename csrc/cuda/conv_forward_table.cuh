@@ -27,12 +27,23 @@ struct ConvTableArgs {
   const T* weight;     // [R, groups, cin_g, cout_g], contiguous
   const Idx* table;    // [num_out, R], contiguous; input row or -1
   const Idx* order;    // [num_out] processing order of the outputs (table_order), or nullptr
+  const T* bias;       // [groups * cout_g] added in the epilogue, or nullptr
   T* out;              // [num_out, groups * cout_g], fully overwritten
   int64_t num_in, num_out, num_relations;
   int groups, cin_g, cout_g, n_tiles;
   bool vec_x, vec_w;   // 16-byte (and cp.async) loads allowed for x rows / W rows (see load_rows)
   bool vec_out2;       // two-element (4-byte) stores allowed for output rows
+  bool relu;           // max(0, .) after the bias, in the epilogue
 };
+
+// The fused epilogue of output column c (group offset excluded: `bias` points at the group's
+// block): bias, then ReLU, applied to the accumulator before its one rounding to T, so a folded
+// Conv-BN-ReLU layer costs no extra pass over the output.
+template <typename T>
+__device__ __forceinline__ acc_t<T> epilogue(acc_t<T> v, const T* bias, int c, bool relu) {
+  if (bias) v += to_acc(bias[c]);
+  return relu ? max(v, acc_t<T>(0)) : v;
+}
 
 // Output row processed as tile row m (table_order, see the tensor-core kernel), or -1 past num_out or
 // for an order entry out of range.
@@ -43,12 +54,21 @@ __device__ __forceinline__ int64_t table_output_row(const Idx* order, int64_t nu
   return o >= 0 && o < num_out ? o : -1;
 }
 
+// Output row of each of the block's BM tile rows, read once into shared memory (block-wide; ends in
+// a barrier): the order and table reads are the only dependent global loads of a block, and issuing
+// them all before using any keeps them to one round trip.
+template <int BM, typename Idx>
+__device__ __forceinline__ void load_output_rows(const Idx* order, int64_t num_out, int64_t m0, int64_t* s_out) {
+  for (int i = threadIdx.x; i < BM; i += blockDim.x) s_out[i] = table_output_row(order, num_out, m0 + i);
+  __syncthreads();
+}
+
 // Column r of the block's BM x R slice of the table, as x element offsets in shared memory.
 template <int BM, typename Idx>
 struct TableColumn {
   const Idx* table;
-  const Idx* order;
-  int64_t num_out, num_in, num_relations, m0, ldx, group_offset;
+  const int64_t* s_out;  // load_output_rows
+  int64_t num_in, num_relations, ldx, group_offset;
 
   // Block-wide (every thread must call it: it ends in a barrier). Sets s_in[i] to the offset of the
   // group block of the x row feeding tile row i's output through relation r, or -1 (no neighbour, an
@@ -56,7 +76,7 @@ struct TableColumn {
   __device__ __forceinline__ bool load(int64_t r, int64_t* s_in) const {
     int any = 0;
     for (int i = threadIdx.x; i < BM; i += blockDim.x) {
-      const int64_t o = table_output_row(order, num_out, m0 + i);
+      const int64_t o = s_out[i];
       int64_t off = -1;
       if (o >= 0) {
         const int64_t row = __ldg(table + o * num_relations + r);
@@ -74,13 +94,6 @@ struct TableColumn {
     return r;
   }
 };
-
-template <int BM, typename T, typename Idx>
-__device__ __forceinline__ TableColumn<BM, Idx> table_column(const ConvTableArgs<T, Idx>& a, int g) {
-  const int64_t ldx = int64_t{a.groups} * a.cin_g;
-  return {a.table,       a.order, a.num_out, a.num_in, a.num_relations, int64_t{blockIdx.x} * BM,
-          ldx,           int64_t{g} * a.cin_g};
-}
 
 // Tensor-core variant (half / bfloat16, sm_80+), a multistage implicit GEMM.
 //
@@ -127,10 +140,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   const int k_steps = (cin + BK - 1) / BK;
   const int warp = threadIdx.x / 32, wm = warp / (BN / WN), wn = warp % (BN / WN);
 
-  // Output row of each tile row, read once: the order and table reads below are the only dependent
-  // global loads of the block, and issuing them all before using any keeps them to one round trip.
-  for (int i = threadIdx.x; i < BM; i += kThreads) s_out[i] = table_output_row(a.order, a.num_out, m0 + i);
-  __syncthreads();
+  load_output_rows<BM>(a.order, a.num_out, m0, s_out);
 
   MmaWarpTile<T, WM, WN> tile;
   tile.zero();
@@ -204,10 +214,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   const int64_t ldo = int64_t{a.groups} * cout;
   T* out = a.out + int64_t{g} * cout;
   const int col0 = n0 + wn * WN;
+  const T* bias = a.bias ? a.bias + int64_t{g} * cout : nullptr;
   tile.for_each_pair([&](int m, int n, float v0, float v1) {
     const int64_t o = s_out[wm * WM + m];
     const int c = col0 + n;
     if (o < 0 || c >= cout) return;
+    v0 = epilogue(v0, bias, c, a.relu);
+    if (c + 1 < cout) v1 = epilogue(v1, bias, c + 1, a.relu);
     T* p = out + o * ldo + c;
     if (a.vec_out2 && c + 1 < cout) {
       store_pair(p, v0, v1);
@@ -230,10 +243,14 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
   __shared__ __align__(16) T As[BK * kLdA];
   __shared__ __align__(16) T Bs[BK * kLdB];
   __shared__ int64_t s_in[BM];
+  __shared__ int64_t s_out[BM];
 
   const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
-  const TableColumn<BM, Idx> column = table_column<BM>(a, g);
+  const int64_t m0 = int64_t{blockIdx.x} * BM, ldo = int64_t{a.groups} * cout;
+  load_output_rows<BM>(a.order, a.num_out, m0, s_out);
+  const TableColumn<BM, Idx> column{a.table, s_out, a.num_in, a.num_relations, int64_t{a.groups} * cin,
+                                    int64_t{g} * cin};
   const int tm = threadIdx.x / (BN / TN), tn = threadIdx.x % (BN / TN);
   SimtThreadTile<T, BM, BN, TM, TN> tile;
   tile.zero();
@@ -252,16 +269,16 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
     }
   }
 
-  const int64_t m0 = int64_t{blockIdx.x} * BM, ldo = int64_t{a.groups} * cout;
   T* out = a.out + int64_t{g} * cout;
+  const T* bias = a.bias ? a.bias + int64_t{g} * cout : nullptr;
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
-    const int64_t o = table_output_row(a.order, a.num_out, m0 + tm + i * (BM / TM));
+    const int64_t o = s_out[tm + i * (BM / TM)];
     if (o < 0) continue;
 #pragma unroll
     for (int j = 0; j < TN; ++j) {
       const int n = n0 + tn + j * (BN / TN);
-      if (n < cout) out[o * ldo + n] = tile.acc[i][j];
+      if (n < cout) out[o * ldo + n] = epilogue(tile.acc[i][j], bias, n, a.relu);
     }
   }
 }

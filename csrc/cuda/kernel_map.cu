@@ -44,6 +44,16 @@ at::Tensor row_major_coords(const at::Tensor& coords, const char* name) {
   return c;
 }
 
+// A new int32/int64 tensor with every byte set to `byte` (0 or 0xFF: zeros or -1 entries) by one
+// cudaMemsetAsync. at::full / at::zeros launch a TensorIterator fill whose host cost is several times
+// that of a memset, and the map builders allocate such tables for every coordinate set of a network.
+at::Tensor memset_tensor(at::IntArrayRef sizes, const at::TensorOptions& options, int byte, cudaStream_t stream) {
+  at::Tensor t = at::empty(sizes, options);
+  if (t.numel() > 0) C10_CUDA_CHECK(cudaMemsetAsync(t.mutable_data_ptr(), byte, t.nbytes(), stream));
+  return t;
+}
+constexpr int kAllOnes = 0xFF;  // every byte 0xFF: -1 in two's complement, the empty slot / no-neighbour mark
+
 int64_t hash_capacity(int64_t n) {
   int64_t cap = 32;
   while (cap < 2 * n) cap *= 2;
@@ -73,8 +83,9 @@ std::tuple<at::Tensor, at::Tensor> coord_hash_cuda(const at::Tensor& coords) {
   const c10::cuda::CUDAGuard guard(c.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n = c.size(0);
-  at::Tensor slots = at::full({hash_capacity(n)}, cuda::kEmptySlot, c.options());
-  at::Tensor error = at::zeros({1}, c.options());
+  static_assert(cuda::kEmptySlot == -1, "empty slots are set bytewise to 0xFF");
+  at::Tensor slots = memset_tensor({hash_capacity(n)}, c.options(), kAllOnes, stream);
+  at::Tensor error = memset_tensor({1}, c.options(), 0, stream);
   if (n > 0) {
     cuda::hash_insert_rows<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
         c.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(),
@@ -141,9 +152,9 @@ at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in
   const c10::cuda::CUDAGuard guard(table.device());
   const at::Tensor t = table.contiguous();
   const int64_t num_out = t.size(0), volume = t.size(1);
-  at::Tensor out = at::full({num_in, volume}, -1, t.options());
-  if (num_out * volume == 0) return out;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor out = memset_tensor({num_in, volume}, t.options(), kAllOnes, stream);
+  if (num_out * volume == 0) return out;
   const unsigned blocks = blocks_for(num_out * volume);
   if (t.scalar_type() == at::kInt) {
     cuda::transpose_table_kernel<int32_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
@@ -216,7 +227,7 @@ at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n = c.size(0);
   // status = [site count, coarse error bits, input error bits], read back in one copy.
-  at::Tensor status = at::zeros({3}, c.options());
+  at::Tensor status = memset_tensor({3}, c.options(), 0, stream);
   if (input_error.has_value()) {
     TORCH_CHECK_VALUE(input_error->numel() == 1 && input_error->scalar_type() == at::kInt &&
                           input_error->device() == c.device(),
@@ -224,7 +235,7 @@ at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
     status.slice(0, 2, 3).copy_(input_error->reshape({1}));
   }
   at::Tensor coarse = at::empty_like(c);
-  at::Tensor slots = at::full({hash_capacity(n)}, cuda::kEmptySlot, c.options().dtype(at::kInt));
+  at::Tensor slots = memset_tensor({hash_capacity(n)}, c.options(), kAllOnes, stream);
   at::Tensor representative = at::empty({n}, c.options());
   at::Tensor rows = at::empty({n}, c.options());
   int32_t* st = status.mutable_data_ptr<int32_t>();

@@ -202,13 +202,18 @@ void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t s
 }
 
 // The output-stationary path (see conv_forward_table.cuh); writes every output element itself.
+// The epilogue (bias, then ReLU) runs inside the kernel; an output with no work still gets it.
 at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& table,
                                       const std::optional<at::Tensor>& order, const ConvShape& s,
-                                      int64_t num_out) {
-  if (num_out == 0 || s.cout_g == 0) return at::empty({num_out, s.groups * s.cout_g}, x.options());
+                                      int64_t num_out, const std::optional<at::Tensor>& bias, bool relu) {
+  const int64_t cout = s.groups * s.cout_g;
+  if (num_out == 0 || s.cout_g == 0) return at::empty({num_out, cout}, x.options());
   // The pair count may be unknown here (s.num_pairs == -1): an all -1 table yields zeros anyway.
   if (s.num_pairs == 0 || s.cin_g == 0 || s.num_relations == 0 || x.size(0) == 0) {
-    return at::zeros({num_out, s.groups * s.cout_g}, x.options());
+    if (!bias.has_value()) return at::zeros({num_out, cout}, x.options());
+    // A copy, never a view: the output must not alias the bias (expand of [C] to [1, C] is contiguous).
+    at::Tensor out = bias->expand({num_out, cout}).clone(at::MemoryFormat::Contiguous);
+    return relu ? out.relu_() : out;
   }
   check_int32_channels(s);
   const bool half = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
@@ -223,6 +228,7 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
   at::Tensor out = at::empty({num_out, s.groups * s.cout_g}, x.options());
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), tc = table.contiguous();
   const std::optional<at::Tensor> oc = order.has_value() ? std::optional(order->contiguous()) : std::nullopt;
+  const std::optional<at::Tensor> bc = bias.has_value() ? std::optional(bias->contiguous()) : std::nullopt;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_types(x.scalar_type(), table.scalar_type(), [&](auto t, auto i) {
     using T = decltype(t);
@@ -233,6 +239,8 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.weight = ptr<T>(wc);
     a.table = ptr<Idx>(tc);
     a.order = oc ? ptr<Idx>(*oc) : nullptr;
+    a.bias = bc ? ptr<T>(*bc) : nullptr;
+    a.relu = relu;
     a.out = reinterpret_cast<T*>(out.mutable_data_ptr());
     a.num_in = x.size(0);
     a.num_out = num_out;
@@ -252,22 +260,31 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                 const std::optional<at::Tensor>& scale, int64_t num_out,
                                 const std::optional<at::Tensor>& neighbor_table,
-                                const std::optional<at::Tensor>& table_order) {
+                                const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
+                                bool relu) {
   // A map built as a neighbour table passes no pairs to an inference forward (pairs_absent).
   const bool table_only = pairs_absent(neighbor_table, in_index, out_index, rel_ptr);
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale, table_only);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
   check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
+  check_bias(bias, x, s.groups * s.cout_g);
   const c10::cuda::CUDAGuard guard(x.device());
   if (neighbor_table.has_value()) {
-    return relational_conv_table_cuda(x, weight, *neighbor_table, table_order, s, num_out);
+    return relational_conv_table_cuda(x, weight, *neighbor_table, table_order, s, num_out, bias, relu);
   }
   const auto acc = acc_dtype(x.scalar_type());
   // float32/float64 accumulate straight into the output; half/bfloat16 into an fp32 buffer, cast at the end.
   at::Tensor out = at::zeros({num_out, s.groups * s.cout_g}, x.options().dtype(acc));
+  // The atomics kernel has no epilogue (an output is complete only when every block is done): bias and
+  // ReLU are two passes over the accumulator, before its one rounding to x's dtype.
+  const auto finish = [&] {
+    if (bias.has_value()) out.add_(*bias);
+    if (relu) out.relu_();
+    return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
+  };
   if (s.num_pairs == 0 || num_out == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0) {
-    return out.to(x.scalar_type());
+    return finish();
   }
   check_int32_channels(s);
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
@@ -289,7 +306,7 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
     a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
     forward_by_width<T, Idx>(a, rp, stream);
   });
-  return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
+  return finish();
 }
 
 // ---------------------------------------------------------------- weight gradient

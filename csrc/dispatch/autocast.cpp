@@ -2,7 +2,8 @@
 // (fp16/bf16, tensor cores on the GPU) instead of whatever dtype the caller's tensors have. Without
 // them a custom op is invisible to autocast: an fp32 model under autocast ran every relconv conv in
 // fp32 (SIMT) and paid for autocast's casts around it, slower than plain fp32.
-// The per-pair scale stays in its accumulation dtype (float32 for half inputs).
+// The bias goes with them (the op wants it in x's dtype); the per-pair scale stays in its
+// accumulation dtype (float32 for half inputs).
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
@@ -16,12 +17,14 @@ at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at
                          const at::Tensor& out_index, const at::Tensor& rel_ptr,
                          const std::optional<at::Tensor>& scale, c10::SymInt num_out,
                          const std::optional<at::Tensor>& neighbor_table,
-                         const std::optional<at::Tensor>& table_order) {
+                         const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
+                         bool relu) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
   const auto dtype = at::autocast::get_autocast_dtype(kDevice);
   return conv_op().call(at::autocast::cached_cast(dtype, x, kDevice),
                         at::autocast::cached_cast(dtype, weight, kDevice), in_index, out_index, rel_ptr, scale,
-                        std::move(num_out), neighbor_table, table_order);
+                        std::move(num_out), neighbor_table, table_order,
+                        at::autocast::cached_cast(dtype, bias, kDevice), relu);
 }
 
 template <c10::DispatchKey kKey, c10::DeviceType kDevice>

@@ -9,6 +9,8 @@ from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
 from relconv.core.relational_map import RelationalMap
 from relconv.ops.dataflow import Dataflow, resolve_dataflow
 
+ACTIVATIONS = (None, "relu")
+
 _conv = torch.ops.relconv.relational_conv.default
 _weight_grad = torch.ops.relconv.relational_conv_weight_grad.default
 
@@ -45,9 +47,15 @@ def _scale_for(rmap: RelationalMap, dtype: torch.dtype) -> Tensor | None:
 
 
 def relational_conv(
-    x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int = 1, dataflow: Dataflow = Dataflow.AUTO
+    x: Tensor,
+    weight: Tensor,
+    rmap: RelationalMap,
+    groups: int = 1,
+    dataflow: Dataflow = Dataflow.AUTO,
+    bias: Tensor | None = None,
+    activation: str | None = None,
 ) -> Tensor:
-    """`out[o] = sum over pairs (i, o, r) of scale[p] * x[i] @ W[r]`.
+    """`out[o] = act(sum over pairs (i, o, r) of scale[p] * x[i] @ W[r] + bias)`.
 
     Args:
         x: [rmap.num_in, C_in] features (float32/float64/float16/bfloat16).
@@ -57,10 +65,15 @@ def relational_conv(
         groups: channel groups; each group of C_in/groups inputs feeds its own C_out/groups outputs.
         dataflow: how the CUDA forward runs (`relconv.ops.Dataflow`; AUTO picks by dtype and map).
             The CPU kernel has one dataflow and ignores the choice beyond checking it.
+        bias: optional [C_out], added to every output row (rows without pairs too); cast to x's
+            dtype if it differs (under autocast, to the autocast dtype with x).
+        activation: None or "relu", applied after the bias.
 
     Returns:
-        [rmap.num_out, C_out] in x's dtype (float16/bfloat16 accumulate in float32). Outputs without
-        pairs are zero. Differentiable in `x` and `weight`.
+        [rmap.num_out, C_out] in x's dtype (float16/bfloat16 accumulate in float32; bias and ReLU
+        are applied before the rounding). Outputs without pairs are `act(bias)`, or zero. On CUDA
+        the output-stationary kernel applies bias and ReLU in its epilogue: one kernel for
+        conv + bias + ReLU. Differentiable in `x`, `weight` and `bias`.
     """
     if not isinstance(rmap, RelationalMap):
         raise TypeError(f"rmap must be a RelationalMap, got {type(rmap).__name__}")
@@ -77,16 +90,52 @@ def relational_conv(
         raise ValueError(f"x has {x.shape[1]} channels but weight expects C_in = {w.shape[1] * w.shape[2]}")
     if x.device != rmap.device:
         raise ValueError(f"x is on {x.device} but the map is on {rmap.device}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    b = _bias_for(bias, x, w.shape[1] * w.shape[3])
     table = _output_stationary_table(rmap, x, dataflow)
     # The table forward reads no pairs: a map built as a table keeps its pairs unmaterialised (no
-    # host sync) unless autograd will need them for the backward.
+    # host sync) unless autograd will need them for the x or weight gradient (the bias gradient
+    # needs none).
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     if table is not None and not rmap.has_pairs and not needs_grad:
         in_index, out_index, rel_ptr = rmap.absent_pairs()
     else:
         in_index, out_index, rel_ptr = rmap.in_index, rmap.out_index, rmap.rel_ptr
     order = None if table is None else rmap.reused_table_order()
-    return _conv(x, w, in_index, out_index, rel_ptr, _scale_for(rmap, x.dtype), rmap.num_out, table, order)
+    return _conv(
+        x,
+        w,
+        in_index,
+        out_index,
+        rel_ptr,
+        _scale_for(rmap, x.dtype),
+        rmap.num_out,
+        table,
+        order,
+        b,
+        activation == "relu",
+    )
+
+
+def _bias_for(bias: Tensor | None, x: Tensor, c_out: int) -> Tensor | None:
+    """`bias` checked against the output ([C_out] on x's device) and in the dtype the op takes."""
+    if bias is None:
+        return None
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"bias must be a Tensor or None, got {type(bias).__name__}")
+    if bias.dim() != 1 or bias.shape[0] != c_out:
+        raise ValueError(f"bias must have shape [C_out] = [{c_out}], got shape {tuple(bias.shape)}")
+    if bias.device != x.device:
+        raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
+    if bias.dtype == x.dtype:
+        return bias
+    # Under autocast the op's autocast kernel casts x, weight and bias to the autocast dtype together;
+    # float64 is the one dtype autocast leaves alone, so a float64 side is matched here.
+    autocast = torch.is_autocast_enabled(x.device.type)
+    if not autocast or torch.float64 in (x.dtype, bias.dtype):
+        return bias.to(x.dtype)
+    return bias
 
 
 def _output_stationary_table(rmap: RelationalMap, x: Tensor, dataflow: Dataflow) -> Tensor | None:
@@ -127,7 +176,17 @@ def _shape(t: object) -> str:
 # ---------------------------------------------------------------------------- fake kernels
 @torch.library.register_fake("relconv::relational_conv")
 def _conv_fake(
-    x, weight, in_index, out_index, rel_ptr, scale, num_out, neighbor_table=None, table_order=None
+    x,
+    weight,
+    in_index,
+    out_index,
+    rel_ptr,
+    scale,
+    num_out,
+    neighbor_table=None,
+    table_order=None,
+    bias=None,
+    relu=False,
 ):
     return x.new_empty((num_out, weight.shape[1] * weight.shape[3]))
 

@@ -30,11 +30,10 @@ import torch
 from torch import Tensor, nn
 
 from relconv.ops import relational_conv
+from relconv.ops.relational_conv import ACTIVATIONS
 from relconv.voxel.maps import layer_map
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import Triple, triple
-
-ACTIVATIONS = (None, "relu")
 
 
 def conv3d(
@@ -100,12 +99,8 @@ def _conv3d(
         out = x.feats @ w if bias is None else torch.addmm(bias, x.feats, w)
         return x.replace_feature(out.relu_() if activation == "relu" else out)
     lm = layer_map(x, k, s, d, transposed, generative, indice_key)
-    out = relational_conv(x.feats, weight, lm.rmap, groups)
-    if bias is not None:
-        # In the output's dtype: an fp32 bias must not promote an autocast fp16 output back to fp32.
-        out = out + bias.to(out.dtype)
-    if activation == "relu":
-        out = out.relu_()
+    # Bias and ReLU go into the op: on CUDA's output-stationary path they are the kernel's epilogue.
+    out = relational_conv(x.feats, weight, lm.rmap, groups, bias=bias, activation=activation)
     return VoxelTensor._trusted(out, lm.out_coords, lm.out_stride, lm.out_cache)
 
 

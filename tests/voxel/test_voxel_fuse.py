@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from voxel_markers import requires_cuda
 
 from relconv.voxel import BatchNorm, Conv3d, ReLU, Sequential, fold_batchnorm, fuse_conv_bn, voxelize
 from relconv.voxel.models import MinkUNet, ResNet
@@ -42,6 +43,36 @@ def test_fused_model_equals_eval_model(make):
     assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in fused.modules())
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     assert model.training is False and any(isinstance(m, BatchNorm) for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "device,dtype,tol",
+    [
+        pytest.param("cpu", torch.float32, 1e-5, id="cpu-fp32"),
+        pytest.param("cuda", torch.float16, 5e-3, id="cuda-fp16", marks=requires_cuda),
+    ],
+)
+def test_fused_minkunet_matches_eval_model_in_low_precision(device, dtype, tol):
+    """Bias and ReLU run in the conv's epilogue (one kernel per folded layer on CUDA's table path);
+    the fused model must stay within the precision's rounding of the unfused one, measured against
+    the float64 model so that neither side's rounding is taken as the truth."""
+    torch.manual_seed(0)
+    model = MinkUNet(4, 5, width=0.25).double()
+    _randomise_bn(model)
+    model.eval()
+    x64 = _scan()
+    with torch.no_grad():
+        truth = model(x64)
+        x = x64.to(device, dtype)
+        low = model.to(device, dtype)
+        ref = low(x)
+        out = fuse_conv_bn(low)(x)
+    assert out.dtype == dtype and out.shape == ref.shape
+
+    def err(t):
+        return ((t.double().cpu() - truth).norm() / truth.norm()).item()
+
+    assert err(ref) < tol and err(out) < tol, (err(ref), err(out))
 
 
 def test_fold_relu_and_grouped_weights():
