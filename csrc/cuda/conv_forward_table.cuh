@@ -105,7 +105,9 @@ struct TableColumn {
 // steps (busy relation, BK-wide C_in chunk). kStages shared-memory stages of A [BM][BK+8] (gathered
 // x rows, zero rows where there is no neighbour) and B [BK][BN+8] (W[r] slab) form a cp.async
 // pipeline: step t + kStages - 1 is in flight while step t is multiplied, one barrier per step.
-// Rows that do not meet the 16-byte preconditions are loaded synchronously into the stage instead.
+// kFull (C_in_g a multiple of BK, C_out_g of BN, 16-byte rows: every tile row wholly in or out) loads
+// with FixedChunkLoader; otherwise load_rows_async handles partial tiles, and rows that do not meet
+// the 16-byte preconditions are loaded synchronously into the stage.
 // Warps form a (BM/WM) x (BN/WN) grid of mma.sync m16n8k16 tiles; the epilogue stores pairs of
 // output elements straight from the accumulators.
 constexpr int kRelChunk = 32;
@@ -120,7 +122,7 @@ struct TableMmaSmem {
   static_assert((BM * kLdA * sizeof(T)) % 16 == 0 && kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
 };
 
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kFull>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     conv_forward_table_mma(const ConvTableArgs<T, Idx> a) {
   using Smem = TableMmaSmem<T, BM, BN, BK, kStages>;
@@ -142,8 +144,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
 
+  const FixedChunkLoader<T, BM, BK, kThreads> a_loader;
+  const FixedChunkLoader<T, BK, BN, kThreads> b_loader;
   MmaWarpTile<T, WM, WN> tile;
   tile.zero();
+  // Stages are used round robin across relation chunks; the next step to load is (relation
+  // s_list[load_j], K chunk load_k).
+  int load_stage = 0, mma_stage = 0;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
     const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
     if (threadIdx.x == 0) s_busy = 0;
@@ -170,12 +177,29 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     __syncthreads();
     const int steps = s_count * k_steps;
 
-    // Starts the loads of step t into stage t % kStages.
-    const auto issue = [&](int t) {
-      const int j = s_list[t / k_steps], k0 = (t % k_steps) * BK;
-      T* As = stages + (t % kStages) * Smem::kStage;
+    // Starts the loads of the next step (in step order) into the next stage.
+    int load_j = 0, load_k = 0;
+    const auto issue_next = [&] {
+      const int j = s_list[load_j], k0 = load_k * BK;
+      if (++load_k == k_steps) load_k = 0, ++load_j;
+      T* As = stages + load_stage * Smem::kStage;
       T* Bs = As + BM * kLdA;
+      load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
       const T* w = a.weight + ((c0 + j) * a.groups + g) * int64_t{cin} * cout;
+      if constexpr (kFull) {
+        // Row offsets as one 32 x 32 -> 64-bit multiply: rows < 2^31, ldx < 2^31 (launcher). A zero
+        // row (no neighbour) keeps a readable address: row 0 of x.
+        const T* xk = a.x + goff + k0;
+        const auto ldx32 = static_cast<uint32_t>(ldx);
+        a_loader.load(As, kLdA, [&](int i) {
+          const int32_t row = s_rows[i * kRelChunk + j];
+          const uint32_t r = row >= 0 ? static_cast<uint32_t>(row) : 0u;
+          return typename decltype(a_loader)::Row{xk + static_cast<uint64_t>(r) * ldx32, row >= 0};
+        });
+        const T* wk = w + int64_t{k0} * cout + n0;
+        b_loader.load(Bs, kLdB, [&](int k) { return typename decltype(b_loader)::Row{wk + int64_t{k} * cout, true}; });
+        return;
+      }
       const auto a_rows = [&](int i) {
         const int32_t row = s_rows[i * kRelChunk + j];
         return row >= 0 ? row * ldx + goff : int64_t{-1};
@@ -195,7 +219,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 
 #pragma unroll
     for (int t = 0; t < kStages - 1; ++t) {
-      if (t < steps) issue(t);
+      if (t < steps) issue_next();
       cp_async_commit();  // empty groups keep the wait counts uniform
     }
     for (int t = 0; t < steps; ++t) {
@@ -203,9 +227,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       // Step t's stage is complete for every thread, and every warp is done with step t - 1's stage,
       // which the issue below refills.
       __syncthreads();
-      if (t + kStages - 1 < steps) issue(t + kStages - 1);
+      if (t + kStages - 1 < steps) issue_next();
       cp_async_commit();
-      const T* As = stages + (t % kStages) * Smem::kStage;
+      const T* As = stages + mma_stage * Smem::kStage;
+      mma_stage = mma_stage + 1 == kStages ? 0 : mma_stage + 1;
       tile.template mma<BK>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN, kLdB);
     }
     cp_async_wait<0>();
@@ -218,6 +243,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   tile.for_each_pair([&](int m, int n, float v0, float v1) {
     const int64_t o = s_out[wm * WM + m];
     const int c = col0 + n;
+    if constexpr (kFull) {  // whole tiles: every column exists and pairs are 4-byte aligned
+      if (o >= 0) store_pair(out + o * ldo + c, epilogue(v0, bias, c, a.relu), epilogue(v1, bias, c + 1, a.relu));
+      return;
+    }
     if (o < 0 || c >= cout) return;
     v0 = epilogue(v0, bias, c, a.relu);
     if (c + 1 < cout) v1 = epilogue(v1, bias, c + 1, a.relu);

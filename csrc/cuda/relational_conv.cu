@@ -159,12 +159,11 @@ void launch_forward_table_simt(cuda::ConvTableArgs<T, Idx> a, cudaStream_t strea
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, typename Idx, typename Cfg, int kStages>
-void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
-  const dim3 grid = table_grid<Cfg>(a);
+template <typename T, typename Idx, typename Cfg, int kStages, bool kFull>
+void launch_forward_table_mma_kernel(const cuda::ConvTableArgs<T, Idx>& a, dim3 grid, cudaStream_t stream) {
   constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
   constexpr int kBytes = cuda::TableMmaSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
-  const auto kernel = cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages>;
+  const auto kernel = cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kFull>;
   // Past 48 KiB of dynamic shared memory a kernel must opt in (once per process and kernel; the
   // attribute is per function, and every device of one process runs the same image).
   static const bool opted_in = [&] {
@@ -174,6 +173,23 @@ void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream
   (void)opted_in;
   kernel<<<grid, kThreads, kBytes, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The whole-tile kernel (kFull, see conv_forward_table_mma) runs when x and W allow 16-byte loads and
+// the channels fill whole tiles: C64 subm 3^3 on the 64-beam scan went from 80 to ... us. It is
+// instantiated for int32 tables only (an int64 table means more than 2^31 outputs, rare enough for the
+// general kernel), and needs x's row stride below 2^31 for its 32-bit row multiply.
+template <typename T, typename Idx, typename Cfg, int kStages>
+void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
+  const dim3 grid = table_grid<Cfg>(a);
+  if constexpr (std::is_same_v<Idx, int32_t>) {
+    const int64_t ldx = int64_t{a.groups} * a.cin_g;
+    if (a.vec_x && a.vec_w && a.vec_out2 && a.cin_g % Cfg::BK == 0 && a.cout_g % Cfg::BN == 0 &&
+        ldx <= std::numeric_limits<int32_t>::max()) {
+      return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, true>(a, grid, stream);
+    }
+  }
+  launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, false>(a, grid, stream);
 }
 
 // Output rows are owned by one block each, so there is no atomic traffic to amortise with tall
