@@ -176,7 +176,7 @@ void launch_forward_table_mma_kernel(const cuda::ConvTableArgs<T, Idx>& a, dim3 
 }
 
 // The whole-tile kernel (kFull, see conv_forward_table_mma) runs when x and W allow 16-byte loads and
-// the channels fill whole tiles: C64 subm 3^3 on the 64-beam scan went from 80 to ... us. It is
+// the channels fill whole tiles (cached subm 3^3 C64 fp16 on the 64-beam scan: 80 -> 56 us). It is
 // instantiated for int32 tables only (an int64 table means more than 2^31 outputs, rare enough for the
 // general kernel), and needs x's row stride below 2^31 for its 32-bit row multiply.
 template <typename T, typename Idx, typename Cfg, int kStages>
@@ -198,12 +198,14 @@ void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream
 template <typename T, typename Idx>
 void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-    // Measured on an H100 (benchmarks/profile_voxel.py, 64-beam scan, ordered table): with C_in >= 64
-    // a 64-wide K step and 3 stages beat 32-wide steps and 4 stages (subm 3^3 C64 78 vs 91 us,
-    // C128 210 vs 246 us); 32-row and 128-row tiles and 6 blocks per SM measured in between.
+    // Measured on an H100 (profiled kernel time, cached subm 3^3, 64-beam scan / real scan, whole-tile
+    // loads): with C_in >= 64 a 64-wide K step in 2 stages (C64 51 / 29 us, C128 139 / 75, C256 390
+    // / 203) beat 3 stages (55 / 32, 147 / 74, 412 / 203), 32-wide steps in 3 or 4 stages (within 2%
+    // of 3 stages) and 128-row tiles (64 / 40, 161 / 85): the fewer the stages, the more blocks fit
+    // per SM, and at 64-wide steps two stages already cover the gather latency.
     if (a.cin_g >= 64 && a.cout_g > 32) {
-      if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, 64, 32, 32>, 3>(a, stream);
-      return launch_forward_table_mma<T, Idx, Tiles<64, 128, 64, 32, 64>, 3>(a, stream);
+      if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, 64, 32, 32>, 2>(a, stream);
+      return launch_forward_table_mma<T, Idx, Tiles<64, 128, 64, 32, 64>, 2>(a, stream);
     }
     constexpr int S = 4;
     if (a.cout_g <= 16) return launch_forward_table_mma<T, Idx, Tiles<64, 16, 32, 16, 16>, S>(a, stream);
