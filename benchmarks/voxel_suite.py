@@ -361,6 +361,16 @@ class E2ESetup:
         coords = self.scene.coords
         return self.prepared(self.model, lambda f: VoxelTensor(f, coords))
 
+    def relconv_folded(self) -> Prepared:
+        """Inference with every Conv-BatchNorm[-ReLU] folded into one conv (`relconv.voxel.fuse_conv_bn`,
+        bias and ReLU in the kernel epilogue): relconv's own inference idiom, reported as its own row
+        (`relconv-folded`) beside the unfolded `relconv` row every peer is compared with."""
+        from relconv.voxel import VoxelTensor, fuse_conv_bn
+
+        coords = self.scene.coords
+        folded = fuse_conv_bn(self.model)
+        return self.prepared(folded, lambda f: VoxelTensor(f, coords), note="BatchNorm folded")
+
 
 # ---------------------------------------------------------------------------------------- runner
 # Each peer's whole adapter lives in its benchmarks/peers/<peer>.py; rows come in this order.
@@ -405,6 +415,8 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
     else:
         work = None
         tolerance = E2E_TOLERANCE
+        if spec["mode"] == "infer":
+            impls.append(("relconv-folded", setup.relconv_folded))
     for peer in VOXEL_PEERS:
         if peer.name in peers:
             case = peer.layer_case if spec["kind"] == "layer" else peer.e2e_case

@@ -95,6 +95,11 @@ def speedup(peer: dict, rc: dict) -> float | None:
     return min(ratios) if ratios else None
 
 
+def is_relconv(impl: str) -> bool:
+    """relconv itself or one of its own variants (e.g. `relconv-folded`): never a peer to compare with."""
+    return impl == "relconv" or impl.startswith("relconv-")
+
+
 def speedups(rows: list[dict]) -> list[tuple[str, str, float]]:
     """(case, peer, speedup) for every case both relconv and the peer timed (see `speedup`)."""
     by_case: dict[str, dict[str, dict]] = defaultdict(dict)
@@ -106,7 +111,7 @@ def speedups(rows: list[dict]) -> list[tuple[str, str, float]]:
         if "relconv" not in impls:
             continue
         for impl, row in impls.items():
-            if impl != "relconv" and (sp := speedup(row, impls["relconv"])) is not None:
+            if not is_relconv(impl) and (sp := speedup(row, impls["relconv"])) is not None:
                 out.append((case, impl, sp))
     return out
 
@@ -214,7 +219,7 @@ def _suite_table(rows: list[dict]) -> str:
                 s = ""
             elif r["status"] == "ok":
                 s = _fmt(time_ms(r, "latency"), ".3f")
-                if ok and (sp := speedup(r, rc)) is not None:
+                if ok and not is_relconv(p) and (sp := speedup(r, rc)) is not None:
                     s += f" ({sp:.2f}x)"
             else:
                 s = _word(r["status"])
