@@ -22,6 +22,17 @@
 //   relu     max(0, .) after the bias. Both belong to the op so that the CUDA table kernel applies
 //            them in its epilogue (a folded Conv-BN-ReLU layer is one kernel); the other paths apply
 //            them to the accumulator before the cast to x's dtype.
+//   transposed_table  optional [num_in, R] (neighbor_table's dtype and device): the neighbour table
+//            of the transposed map, the same pairs seen from the inputs (input row -> output row or
+//            -1 per relation). Given only for maps injective per relation both ways (at most one
+//            input per (output, relation) AND at most one output per (input, relation): voxel kernel
+//            maps, q = p - offset), so that the transposed map is a table too; a map that repeats
+//            an input within a relation (graph maps with unique slots) has no such table. Needs
+//            neighbor_table. Used only by the backward: the input gradient then runs the table
+//            kernel over it with W[r]^T (no atomics) instead of the pair kernel. The forward only
+//            checks its metadata; like neighbor_table it must describe exactly the op's pairs.
+//   transposed_order  optional [num_in] (table dtype): transposed_table's schedule order, as
+//            table_order is neighbor_table's (a permutation; needs transposed_table).
 //   neighbor_table_order(table) -> [num_out] permutation sorting rows by their occupied slots.
 //
 // Kernel-map builders (CUDA only; the CPU path builds maps in torch, relconv/voxel/kernel_map.py).
@@ -44,7 +55,8 @@ TORCH_LIBRARY(relconv, m) {
   m.def(
       "relational_conv(Tensor x, Tensor weight, Tensor in_index, Tensor out_index, "
       "Tensor rel_ptr, Tensor? scale, SymInt num_out, Tensor? neighbor_table=None, "
-      "Tensor? table_order=None, Tensor? bias=None, bool relu=False) -> Tensor");
+      "Tensor? table_order=None, Tensor? bias=None, bool relu=False, Tensor? transposed_table=None, "
+      "Tensor? transposed_order=None) -> Tensor");
   m.def(
       "relational_conv_weight_grad(Tensor x, Tensor grad_out, Tensor in_index, "
       "Tensor out_index, Tensor rel_ptr, Tensor? scale, int groups) -> Tensor");

@@ -115,6 +115,36 @@ inline void check_neighbor_table(const std::optional<at::Tensor>& table, const s
                     order->device());
 }
 
+// The transposed map's table [num_in, R] and its schedule order [num_in], read only by the backward
+// (the input gradient's table kernel). Metadata only, like check_neighbor_table: that the table holds
+// exactly the transposed pairs is the caller's promise (RelationalMap builds it from the table).
+inline void check_transposed_table(const std::optional<at::Tensor>& transposed_table,
+                                   const std::optional<at::Tensor>& transposed_order,
+                                   const std::optional<at::Tensor>& neighbor_table, int64_t num_in,
+                                   int64_t num_relations) {
+  TORCH_CHECK_VALUE(!transposed_order.has_value() || transposed_table.has_value(),
+                    "transposed_order needs a transposed_table");
+  if (!transposed_table.has_value()) return;
+  TORCH_CHECK_VALUE(neighbor_table.has_value(), "transposed_table needs a neighbor_table");
+  const auto& t = *transposed_table;
+  const auto& table = *neighbor_table;
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == num_in && t.size(1) == num_relations,
+                    "transposed_table must have shape [num_in, R] = [", num_in, ", ", num_relations, "], got ",
+                    t.sizes());
+  TORCH_CHECK_VALUE(t.scalar_type() == table.scalar_type(), "transposed_table dtype (", t.scalar_type(),
+                    ") must match neighbor_table dtype (", table.scalar_type(), ")");
+  TORCH_CHECK_VALUE(t.device() == table.device(), "transposed_table must be on ", table.device(),
+                    " like neighbor_table, got ", t.device());
+  if (!transposed_order.has_value()) return;
+  const auto& order = *transposed_order;
+  TORCH_CHECK_VALUE(order.dim() == 1 && order.size(0) == num_in, "transposed_order must have shape [num_in] = [",
+                    num_in, "], got ", order.sizes());
+  TORCH_CHECK_VALUE(order.scalar_type() == t.scalar_type(), "transposed_order dtype (", order.scalar_type(),
+                    ") must match transposed_table dtype (", t.scalar_type(), ")");
+  TORCH_CHECK_VALUE(order.device() == t.device(), "transposed_order must be on ", t.device(), ", got ",
+                    order.device());
+}
+
 // The epilogue bias: [groups * cout_g] (cout_total) in x's dtype on x's device, added to every output row.
 inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int64_t cout_total) {
   if (!bias.has_value()) return;

@@ -205,11 +205,15 @@ at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, co
                                const std::optional<at::Tensor>& scale, int64_t num_out,
                                const std::optional<at::Tensor>& neighbor_table,
                                const std::optional<at::Tensor>& table_order,
-                               const std::optional<at::Tensor>& bias, bool relu) {
-  // The pair lists carry the same information as the neighbour table; the CPU path uses the former
-  // (and the table order, a schedule of the CUDA table kernel, means nothing here).
+                               const std::optional<at::Tensor>& bias, bool relu,
+                               const std::optional<at::Tensor>& transposed_table,
+                               const std::optional<at::Tensor>& transposed_order) {
+  // The pair lists carry the same information as the neighbour tables; the CPU path uses the former
+  // (and the table orders, schedules of the CUDA table kernel, mean nothing here). The transposed
+  // table is checked all the same: a bad argument fails on every device.
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
   check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
+  check_transposed_table(transposed_table, transposed_order, neighbor_table, x.size(0), s.num_relations);
   check_bias(bias, x, s.groups * s.cout_g);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   check_map_data(in_index, out_index, rel_ptr, x.size(0), num_out);

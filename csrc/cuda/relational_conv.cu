@@ -279,13 +279,15 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
                                 const std::optional<at::Tensor>& scale, int64_t num_out,
                                 const std::optional<at::Tensor>& neighbor_table,
                                 const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
-                                bool relu) {
+                                bool relu, const std::optional<at::Tensor>& transposed_table,
+                                const std::optional<at::Tensor>& transposed_order) {
   // A map built as a neighbour table passes no pairs to an inference forward (pairs_absent).
   const bool table_only = pairs_absent(neighbor_table, in_index, out_index, rel_ptr);
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale, table_only);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
   check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
+  check_transposed_table(transposed_table, transposed_order, neighbor_table, x.size(0), s.num_relations);
   check_bias(bias, x, s.groups * s.cout_g);
   const c10::cuda::CUDAGuard guard(x.device());
   if (neighbor_table.has_value()) {

@@ -18,13 +18,15 @@ at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at
                          const std::optional<at::Tensor>& scale, c10::SymInt num_out,
                          const std::optional<at::Tensor>& neighbor_table,
                          const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
-                         bool relu) {
+                         bool relu, const std::optional<at::Tensor>& transposed_table,
+                         const std::optional<at::Tensor>& transposed_order) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
   const auto dtype = at::autocast::get_autocast_dtype(kDevice);
   return conv_op().call(at::autocast::cached_cast(dtype, x, kDevice),
                         at::autocast::cached_cast(dtype, weight, kDevice), in_index, out_index, rel_ptr, scale,
                         std::move(num_out), neighbor_table, table_order,
-                        at::autocast::cached_cast(dtype, bias, kDevice), relu);
+                        at::autocast::cached_cast(dtype, bias, kDevice), relu, transposed_table,
+                        transposed_order);
 }
 
 template <c10::DispatchKey kKey, c10::DeviceType kDevice>

@@ -4,9 +4,15 @@
 //
 // Gradients: the input gradient is the same op over the transposed map (in/out swapped, still
 // grouped by relation) with W[r]^T; the weight gradient is relational_conv_weight_grad. Both are
-// called through the dispatcher, so they are differentiable again (double backward). The epilogue
-// (bias, ReLU) is differentiated here too: the incoming gradient is masked by (out > 0) when the op
-// applied a ReLU, and the bias gradient is the masked gradient summed over the output rows.
+// called through the dispatcher, so they are differentiable again (double backward). When the caller
+// gives the transposed map's neighbour table (transposed_table: only maps injective per relation both
+// ways have one, see csrc/library.cpp), the CUDA input gradient is the table kernel over it (no
+// atomics, bitwise reproducible); otherwise it runs over the pairs. The table is never derived here:
+// a map with unique slots that repeats an input within a relation has no transposed table, and only
+// the map knows which kind it is.
+// The epilogue (bias, ReLU) is differentiated here too: the incoming gradient is masked by
+// (out > 0) when the op applied a ReLU, and the bias gradient is the masked gradient summed over
+// the output rows.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -40,6 +46,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pairs_from_table(const at::Tensor
   return {in, out.to(table.scalar_type()), rel_ptr};
 }
 
+// grad_x [num_in, C_in] = the table forward of `grad` over the transposed table with W[r]^T. The
+// pairs are passed as absent (empty, see pairs_absent): the table kernel reads none. The forward's
+// own table goes in as this call's transposed table, so that its input gradient (the double
+// backward in `grad`) is a table forward again; its weight gradient rebuilds the pairs from the
+// transposed table only when it is taken.
+at::Tensor table_input_grad(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& transposed_table,
+                            const at::Tensor& transposed_order, const at::Tensor& table,
+                            const at::Tensor& table_order, const c10::SymInt& num_in) {
+  const at::Tensor no_index = at::empty({0}, transposed_table.options());
+  const at::Tensor no_ptr = at::empty({0}, transposed_table.options().dtype(at::kLong));
+  return conv_op().call(grad, weight.transpose(2, 3), no_index, no_index, no_ptr, std::nullopt, num_in,
+                        transposed_table, as_optional(transposed_order), std::nullopt, false, table,
+                        as_optional(table_order));
+}
+
 class ConvFunction : public torch::autograd::Function<ConvFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -47,20 +68,32 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
                             const std::optional<at::Tensor>& scale, c10::SymInt num_out,
                             const std::optional<at::Tensor>& neighbor_table,
                             const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
-                            bool relu) {
+                            bool relu, const std::optional<at::Tensor>& transposed_table,
+                            const std::optional<at::Tensor>& transposed_order, bool recording) {
     at::AutoDispatchBelowADInplaceOrView below;
     at::Tensor out = conv_op().call(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out),
-                                    neighbor_table, table_order, bias, relu);
-    // Only the x and weight gradients read the pairs; the bias gradient is a column sum of the grad.
-    const bool needs_pairs = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+                                    neighbor_table, table_order, bias, relu, transposed_table, transposed_order);
+    // The transposed table serves the input gradient on CUDA only: the CPU kernel reads the pairs.
+    const bool table_dgrad = transposed_table.has_value() && transposed_table->is_cuda();
+    // The weight gradient reads the pairs, and so does the input gradient unless it runs over the
+    // transposed table; the bias gradient is a column sum of the grad.
+    const bool needs_pairs =
+        recording && (weight.requires_grad() || (x.requires_grad() && !table_dgrad));
     // ReLU's derivative is (out > 0): the output is saved, not the pre-activation (which was never
     // materialised: the CUDA table kernel applies the ReLU in its epilogue).
     const at::Tensor saved_out = relu ? out : at::Tensor();
+    // Both tables and their orders, for the input gradient over the transposed one (table_input_grad).
+    const at::Tensor t_table = table_dgrad ? or_undefined(neighbor_table) : at::Tensor();
+    const at::Tensor t_order = table_dgrad ? or_undefined(table_order) : at::Tensor();
+    const at::Tensor t_transposed = table_dgrad ? *transposed_table : at::Tensor();
+    const at::Tensor t_transposed_order = table_dgrad ? or_undefined(transposed_order) : at::Tensor();
     if (needs_pairs && neighbor_table.has_value() && rel_ptr.sym_numel() == 0) {
       const auto [in, o, ptr] = pairs_from_table(*neighbor_table);
-      ctx->save_for_backward({x, weight, in, o, ptr, or_undefined(scale), saved_out});
+      ctx->save_for_backward(
+          {x, weight, in, o, ptr, or_undefined(scale), saved_out, t_table, t_order, t_transposed, t_transposed_order});
     } else {
-      ctx->save_for_backward({x, weight, in_index, out_index, rel_ptr, or_undefined(scale), saved_out});
+      ctx->save_for_backward({x, weight, in_index, out_index, rel_ptr, or_undefined(scale), saved_out, t_table,
+                              t_order, t_transposed, t_transposed_order});
     }
     ctx->saved_data["num_in"] = x.sym_size(0);
     // needs_input_grad counts the tensor inputs actually given (absent optionals take no slot): the
@@ -73,7 +106,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &in_index = saved[2], &out_index = saved[3],
-                     &rel_ptr = saved[4], &out = saved[6];
+                     &rel_ptr = saved[4], &out = saved[6], &table = saved[7], &table_order = saved[8],
+                     &transposed_table = saved[9], &transposed_order = saved[10];
     const auto scale = as_optional(saved[5]);
     at::Tensor grad = grads[0];
     // Masking first: the bias, x and weight gradients all flow through the ReLU. The mask is
@@ -82,9 +116,13 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     grad = grad.contiguous();
     at::Tensor grad_x, grad_w, grad_bias;
     if (ctx->needs_input_grad(0)) {
-      grad_x = conv_op().call(grad, weight.transpose(2, 3), out_index, in_index, rel_ptr, scale,
-                              ctx->saved_data["num_in"].toSymInt(), std::nullopt, std::nullopt, std::nullopt,
-                              false);
+      const c10::SymInt num_in = ctx->saved_data["num_in"].toSymInt();
+      if (transposed_table.defined()) {  // saved only when given on CUDA
+        grad_x = table_input_grad(grad, weight, transposed_table, transposed_order, table, table_order, num_in);
+      } else {
+        grad_x = conv_op().call(grad, weight.transpose(2, 3), out_index, in_index, rel_ptr, scale, num_in,
+                                std::nullopt, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);
+      }
     }
     if (ctx->needs_input_grad(1)) {
       grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, weight.size(1));
@@ -93,8 +131,10 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     if (bias_edge >= 0 && ctx->needs_input_grad(bias_edge)) {
       grad_bias = grad.sum(0);
     }
-    return {grad_x,       grad_w,       at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), grad_bias,    at::Tensor()};
+    // One entry per forward argument: x, weight, in_index, out_index, rel_ptr, scale, num_out,
+    // neighbor_table, table_order, bias, relu, transposed_table, transposed_order, recording.
+    return {grad_x,       grad_w,       at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), grad_bias,    at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -118,11 +158,11 @@ class WeightGradFunction : public torch::autograd::Function<WeightGradFunction> 
     at::Tensor dx, dg;
     if (ctx->needs_input_grad(0)) {
       dx = conv_op().call(grad_out, gw.transpose(2, 3), out_index, in_index, rel_ptr, scale, x.sym_size(0),
-                          std::nullopt, std::nullopt, std::nullopt, false);
+                          std::nullopt, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);
     }
     if (ctx->needs_input_grad(1)) {
       dg = conv_op().call(x, gw, in_index, out_index, rel_ptr, scale, grad_out.sym_size(0), std::nullopt,
-                          std::nullopt, std::nullopt, false);
+                          std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);
     }
     return {dx, dg, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -133,9 +173,12 @@ at::Tensor conv_autograd(const at::Tensor& x, const at::Tensor& weight, const at
                          const std::optional<at::Tensor>& scale, c10::SymInt num_out,
                          const std::optional<at::Tensor>& neighbor_table,
                          const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
-                         bool relu) {
+                         bool relu, const std::optional<at::Tensor>& transposed_table,
+                         const std::optional<at::Tensor>& transposed_order) {
+  // Whether autograd records this call, read here: Function::apply runs forward with grad mode off, so
+  // forward cannot tell an inference call (no pairs to build) from one that will be differentiated.
   return ConvFunction::apply(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,
-                             table_order, bias, relu);
+                             table_order, bias, relu, transposed_table, transposed_order, at::GradMode::is_enabled());
 }
 
 at::Tensor weight_grad_autograd(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,

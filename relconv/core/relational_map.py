@@ -32,6 +32,12 @@ class RelationalMap:
         num_in, num_out, num_relations: plain ints.
         unique_slots: True when every (out, relation) slot has at most one input (voxel maps);
             enables the output-stationary neighbour table. Checked when the map is validated.
+        injective: True when the map is injective per relation both ways: unique slots AND every
+            input feeds at most one output per relation (voxel kernel maps, q = p - offset). Then
+            the transposed map has a neighbour table too (`transposed_neighbor_table`), and the CUDA
+            input gradient of a table forward runs the table kernel over it. Implies unique_slots;
+            checked when the map is validated. A graph map with unique slots usually repeats an
+            input within a relation and is not injective.
     """
 
     __slots__ = (
@@ -43,6 +49,7 @@ class RelationalMap:
         "num_out",
         "num_relations",
         "unique_slots",
+        "injective",
         "index_dtype",
         "device",
         "_cache",
@@ -58,17 +65,20 @@ class RelationalMap:
         scale: Tensor | None = None,
         unique_slots: bool = False,
         validate: bool = True,
+        injective: bool = False,
     ) -> None:
         """Wraps pair lists. `validate=True` checks every invariant the kernels trust against the data
-        (index ranges, rel_ptr, the `unique_slots` claim) with one host synchronisation; `False`
-        means the caller vouches for them (relconv's own builders do, by construction)."""
+        (index ranges, rel_ptr, the `unique_slots` and `injective` claims) with one host
+        synchronisation; `False` means the caller vouches for them (relconv's own builders do, by
+        construction). `injective=True` implies `unique_slots=True`."""
         self._in_index: Tensor | None = in_index
         self._out_index: Tensor | None = out_index
         self._rel_ptr: Tensor | None = rel_ptr
         self.scale = scale
         self.num_in = int(num_in)
         self.num_out = int(num_out)
-        self.unique_slots = bool(unique_slots)
+        self.injective = bool(injective)
+        self.unique_slots = bool(unique_slots) or self.injective
         self._cache: dict[str, object] = {}
         self._check_metadata()
         self.num_relations = int(rel_ptr.numel()) - 1
@@ -153,12 +163,17 @@ class RelationalMap:
         return (rmap, order) if return_perm else rmap
 
     @classmethod
-    def from_neighbor_table(cls, table: Tensor, num_in: int, validate: bool = True) -> RelationalMap:
+    def from_neighbor_table(
+        cls, table: Tensor, num_in: int, validate: bool = True, injective: bool = False
+    ) -> RelationalMap:
         """A map given by its output-stationary table `[num_out, R]` (input row or -1 per slot).
 
         The pair lists are materialised on first use, in the canonical (relation, out) order, with
-        the table's index dtype. `validate=True` checks the entries lie in [-1, num_in) (one host
-        synchronisation); relconv's CUDA voxel builders pass False (valid by construction).
+        the table's index dtype. `injective=True` claims that no input appears twice in a column
+        (each input feeds at most one output per relation, as in voxel kernel maps); see the class
+        attribute. `validate=True` checks the entries lie in [-1, num_in), and the injective claim
+        when made (one host synchronisation); relconv's CUDA voxel builders pass False (valid by
+        construction).
         """
         if not isinstance(table, Tensor) or table.dim() != 2:
             raise ValueError(f"table must be a 2-D tensor [num_out, R], got {_describe(table)}")
@@ -171,9 +186,17 @@ class RelationalMap:
         if table.dtype == torch.int32 and max(num_in, table.shape[0]) > _INT32_MAX:
             raise ValueError("int32 indices cannot address more than 2^31 - 1 rows; use int64")
         if validate and table.numel():
-            lo, hi = (int(v) for v in torch.aminmax(table.long()))
-            if lo < -1 or hi >= num_in:
-                raise ValueError(f"table values must lie in [-1, {num_in}), got [{lo}, {hi}]")
+            stats = [*torch.aminmax(table.long())]
+            if injective:
+                stats.append(_repeated_column_entries(table, num_in))
+            got = torch.stack([v.reshape(()).long() for v in stats]).tolist()
+            if got[0] < -1 or got[1] >= num_in:
+                raise ValueError(f"table values must lie in [-1, {num_in}), got [{got[0]}, {got[1]}]")
+            if injective and got[2]:
+                raise ValueError(
+                    "injective=True claims every input feeds at most one output per relation, but "
+                    "some table column repeats an input; build the map without injective"
+                )
         rmap = cls.__new__(cls)
         rmap._in_index = rmap._out_index = rmap._rel_ptr = None
         rmap.scale = None
@@ -181,6 +204,7 @@ class RelationalMap:
         rmap.num_out = int(table.shape[0])
         rmap.num_relations = int(table.shape[1])
         rmap.unique_slots = True
+        rmap.injective = bool(injective)
         rmap.index_dtype = table.dtype
         rmap.device = table.device
         rmap._cache = {"neighbor_table": table}
@@ -232,19 +256,42 @@ class RelationalMap:
 
     # ------------------------------------------------------------------ derived maps
     def transpose(self) -> RelationalMap:
-        """The map with inputs and outputs swapped (transposed conv, input gradient). Cached."""
+        """The map with inputs and outputs swapped (transposed conv, input gradient). Cached.
+
+        The transpose of an injective map is injective (so it has unique slots too) and shares
+        this map's tables and their orders: its neighbour table is this map's transposed table and
+        back. A CUDA
+        injective map whose pairs are not materialised transposes its table on the device (no
+        pairs, no host sync). Other maps' transposes lose `unique_slots`: an input repeated within
+        a relation becomes a slot with several inputs.
+        """
         t = self._cache.get("transpose")
         if t is None:
-            t = RelationalMap(
-                self.out_index,
-                self.in_index,
-                self.rel_ptr,
-                self.num_out,
-                self.num_in,
-                scale=self.scale,
-                unique_slots=False,
-                validate=False,
-            )
+            if self.injective and not self.has_pairs and self.device.type == "cuda":
+                t = RelationalMap.from_neighbor_table(
+                    self.transposed_neighbor_table(), self.num_out, validate=False, injective=True
+                )
+            else:
+                t = RelationalMap(
+                    self.out_index,
+                    self.in_index,
+                    self.rel_ptr,
+                    self.num_out,
+                    self.num_in,
+                    scale=self.scale,
+                    injective=self.injective,
+                    validate=False,
+                )
+            if self.injective:
+                swapped = (
+                    ("neighbor_table", "transposed_neighbor_table"),
+                    ("transposed_neighbor_table", "neighbor_table"),
+                    ("table_order", "transposed_table_order"),
+                    ("transposed_table_order", "table_order"),
+                )
+                for mine, theirs in swapped:
+                    if mine in self._cache:
+                        t._cache.setdefault(theirs, self._cache[mine])
             t._cache["transpose"] = self
             self._cache["transpose"] = t
         return t
@@ -255,7 +302,9 @@ class RelationalMap:
             return self
         if not self.has_pairs:
             table = self.neighbor_table().to(device, non_blocking=non_blocking)
-            return RelationalMap.from_neighbor_table(table, self.num_in, validate=False)
+            return RelationalMap.from_neighbor_table(
+                table, self.num_in, validate=False, injective=self.injective
+            )
         return RelationalMap(
             self.in_index.to(device, non_blocking=non_blocking),
             self.out_index.to(device, non_blocking=non_blocking),
@@ -264,6 +313,7 @@ class RelationalMap:
             self.num_out,
             scale=None if self.scale is None else self.scale.to(device, non_blocking=non_blocking),
             unique_slots=self.unique_slots,
+            injective=self.injective,
             validate=False,
         )
 
@@ -279,6 +329,7 @@ class RelationalMap:
             self.num_out,
             scale=scale,
             unique_slots=self.unique_slots,
+            injective=self.injective,
             validate=False,
         )
         return m
@@ -339,6 +390,49 @@ class RelationalMap:
             self._cache["table_order"] = order
         return order
 
+    def transposed_neighbor_table(self) -> Tensor:
+        """Neighbour table of the transposed map `[num_in, R]`: the output row each input feeds in
+        each relation, or -1; the table dtype. Cached.
+
+        Only defined for injective maps (`injective`), where an input feeds at most one output per
+        relation; the CUDA input gradient of a table forward runs over it. On CUDA it is the
+        `transpose_neighbor_table` kernel over the neighbour table (no pairs, no host sync); on the
+        CPU, whose kernel never reads it, it is built from the pairs.
+        """
+        if not self.injective:
+            raise ValueError(
+                "transposed_neighbor_table needs a map injective per relation both ways "
+                "(injective=True, as voxel kernel maps are); a map that repeats an input within a "
+                "relation has no transposed table"
+            )
+        table = self._cache.get("transposed_neighbor_table")
+        if table is None:
+            if self.device.type == "cuda":
+                from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+
+                table = torch.ops.relconv.transpose_neighbor_table(self.neighbor_table(), self.num_in)
+            else:
+                table = torch.full(
+                    (self.num_in, self.num_relations), -1, dtype=self.index_dtype, device=self.device
+                )
+                table[self.in_index.long(), self.relation_of_pairs()] = self.out_index
+            self._cache["transposed_neighbor_table"] = table
+        return table
+
+    def transposed_table_order(self) -> Tensor | None:
+        """Schedule order `[num_in]` of `transposed_neighbor_table()` (`neighbor_table_order` of it),
+        from the map's second input-gradient use on, None on its first; cached. The same trade as
+        `reused_table_order`: the sort pays off only for a map whose backward runs more than once.
+        CUDA maps only (the op that builds it is a CUDA kernel)."""
+        order = self._cache.get("transposed_table_order")
+        if order is None and self._cache.get("transposed_table_used"):
+            from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+
+            order = torch.ops.relconv.neighbor_table_order(self.transposed_neighbor_table())
+            self._cache["transposed_table_order"] = order
+        self._cache["transposed_table_used"] = True
+        return order
+
     # ------------------------------------------------------------------ validation
     def _check_metadata(self) -> None:
         """Checks shapes, dtypes and devices (no device reads)."""
@@ -382,6 +476,8 @@ class RelationalMap:
             stats += [*torch.aminmax(ii.long()), *torch.aminmax(oi.long())]
         if self.unique_slots and ii.numel() > 1:
             stats.append(_repeated_slots(self.relation_of_pairs(), oi, self.num_out))
+        if self.injective and ii.numel() > 1:
+            stats.append(_repeated_slots(self.relation_of_pairs(), ii, self.num_in))
         got = torch.stack([v.reshape(()).long() for v in stats]).tolist()
         if got[0] != 0:
             raise ValueError(f"rel_ptr must start at 0, got {got[0]}")
@@ -396,6 +492,11 @@ class RelationalMap:
             raise ValueError(
                 "unique_slots=True claims at most one input per (output, relation) slot, but some slot "
                 "has several; build the map without unique_slots (graph maps) or drop the duplicates"
+            )
+        if self.injective and ii.numel() > 1 and got[8]:
+            raise ValueError(
+                "injective=True claims every input feeds at most one output per relation, but some "
+                "input feeds several; build the map with unique_slots=True alone"
             )
         return self
 
@@ -435,6 +536,17 @@ def _raise_out_of_range(name: str, lo: int, hi: int, size: int) -> None:
 def _repeated_slots(relation: Tensor, out_index: Tensor, num_out: int) -> Tensor:
     """0-d bool tensor: does any (relation, out) slot hold more than one pair? (no host sync)"""
     key = torch.sort(relation * max(num_out, 1) + out_index.long()).values
+    return (key[1:] == key[:-1]).any()
+
+
+def _repeated_column_entries(table: Tensor, num_in: int) -> Tensor:
+    """0-d bool tensor: does any column of a neighbour table hold an input twice? (no host sync)
+
+    Empty slots (-1) get distinct negative keys so that only real inputs can collide."""
+    t = table.long()
+    rel = torch.arange(t.shape[1], device=t.device)
+    empty = -1 - torch.arange(t.numel(), device=t.device).view(t.shape)
+    key = torch.sort(torch.where(t >= 0, rel * max(num_in, 1) + t, empty).reshape(-1)).values
     return (key[1:] == key[:-1]).any()
 
 

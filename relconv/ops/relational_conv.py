@@ -73,7 +73,9 @@ def relational_conv(
         [rmap.num_out, C_out] in x's dtype (float16/bfloat16 accumulate in float32; bias and ReLU
         are applied before the rounding). Outputs without pairs are `act(bias)`, or zero. On CUDA
         the output-stationary kernel applies bias and ReLU in its epilogue: one kernel for
-        conv + bias + ReLU. Differentiable in `x`, `weight` and `bias`.
+        conv + bias + ReLU. Differentiable in `x`, `weight` and `bias`; over a map that is
+        injective both ways (`rmap.injective`, voxel maps) the CUDA input gradient of that kernel
+        is the same kernel over the transposed table (no atomics).
     """
     if not isinstance(rmap, RelationalMap):
         raise TypeError(f"rmap must be a RelationalMap, got {type(rmap).__name__}")
@@ -94,11 +96,20 @@ def relational_conv(
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     b = _bias_for(bias, x, w.shape[1] * w.shape[3])
     table = _output_stationary_table(rmap, x, dataflow)
+    x_grad = torch.is_grad_enabled() and x.requires_grad
+    w_grad = torch.is_grad_enabled() and w.requires_grad
+    # The input gradient of a table forward runs the table kernel too when the map is injective both
+    # ways (voxel maps): then the transposed map has a neighbour table. Maps with unique slots that
+    # repeat an input within a relation have none and keep the pair path for it.
+    transposed = transposed_order = None
+    if table is not None and x_grad and rmap.injective:
+        transposed = rmap.transposed_neighbor_table()
+        transposed_order = rmap.transposed_table_order()
     # The table forward reads no pairs: a map built as a table keeps its pairs unmaterialised (no
-    # host sync) unless autograd will need them for the x or weight gradient (the bias gradient
-    # needs none).
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
-    if table is not None and not rmap.has_pairs and not needs_grad:
+    # host sync) unless autograd will read them: the weight gradient always, the input gradient
+    # when it has no transposed table (the bias gradient needs none).
+    needs_pairs = w_grad or (x_grad and transposed is None)
+    if table is not None and not rmap.has_pairs and not needs_pairs:
         in_index, out_index, rel_ptr = rmap.absent_pairs()
     else:
         in_index, out_index, rel_ptr = rmap.in_index, rmap.out_index, rmap.rel_ptr
@@ -115,6 +126,8 @@ def relational_conv(
         order,
         b,
         activation == "relu",
+        transposed,
+        transposed_order,
     )
 
 
@@ -187,6 +200,8 @@ def _conv_fake(
     table_order=None,
     bias=None,
     relu=False,
+    transposed_table=None,
+    transposed_order=None,
 ):
     return x.new_empty((num_out, weight.shape[1] * weight.shape[3]))
 
@@ -194,6 +209,13 @@ def _conv_fake(
 @torch.library.register_fake("relconv::neighbor_table_order")
 def _table_order_fake(table):
     return table.new_empty((table.shape[0],))
+
+
+@torch.library.register_fake("relconv::transpose_neighbor_table")
+def _transpose_table_fake(table, num_in):
+    # Traced when a map's transposed table is built inside a compiled region (the CUDA input
+    # gradient over it, RelationalMap.transposed_neighbor_table).
+    return table.new_empty((num_in, table.shape[1]))
 
 
 @torch.library.register_fake("relconv::relational_conv_weight_grad")

@@ -92,7 +92,8 @@ def _table_map(
     volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
     dtype = index_dtype_for(num_in, num_out, num_out * volume)
     table = torch.ops.relconv.kernel_map_table(in_coords, index.slots(), out_coords, kernel_size, step, dtype)
-    return RelationalMap.from_neighbor_table(table, num_in, validate=False)
+    # A kernel offset maps an input to at most one output and back (q = p - offset): injective.
+    return RelationalMap.from_neighbor_table(table, num_in, validate=False, injective=True)
 
 
 def axis_offsets(k: int) -> range:
@@ -131,7 +132,7 @@ def _empty_map(num_relations: int, num_in: int, num_out: int, device: torch.devi
     idt = index_dtype_for(num_in, num_out)
     empty = torch.empty(0, dtype=idt, device=device)
     ptr = torch.zeros(num_relations + 1, dtype=torch.int64, device=device)
-    return RelationalMap(empty, empty, ptr, num_in, num_out, unique_slots=True, validate=False)
+    return RelationalMap(empty, empty, ptr, num_in, num_out, injective=True, validate=False)
 
 
 def _search(sorted_keys: Tensor, perm: Tensor, queries: Tensor, num_out: int) -> RelationalMap:
@@ -146,7 +147,7 @@ def _search(sorted_keys: Tensor, perm: Tensor, queries: Tensor, num_out: int) ->
     ptr = torch.zeros(num_rel + 1, dtype=torch.int64, device=queries.device)
     torch.cumsum(hit.sum(1), 0, out=ptr[1:])
     idt = index_dtype_for(num_in, num_out, inp.numel())
-    return RelationalMap(inp.to(idt), out.to(idt), ptr, num_in, num_out, unique_slots=True, validate=False)
+    return RelationalMap(inp.to(idt), out.to(idt), ptr, num_in, num_out, injective=True, validate=False)
 
 
 def submanifold_map(
@@ -236,16 +237,17 @@ def strided_map(
 
 
 def transposed_map(forward: RelationalMap) -> RelationalMap:
-    """The strided map with inputs and outputs swapped, keeping `unique_slots`.
+    """The strided map with inputs and outputs swapped, keeping `unique_slots` and `injective`.
 
     A voxel map is injective both ways for a fixed offset (q = p - offset), so the transposed map
-    still has at most one input per (output, offset) slot; `RelationalMap.transpose()` cannot know
-    that for general maps and drops the flag. A CUDA table map transposes its table on the device
-    (no pairs, no sync).
+    still has at most one input per (output, offset) slot. relconv's builders flag their maps
+    `injective`, and `RelationalMap.transpose()` of such a map keeps the flag (a CUDA table map
+    transposes its table on the device: no pairs, no sync). A map built elsewhere without the flag
+    gets `unique_slots` only: an unchecked `injective` would let a transposed table drop pairs
+    from an input gradient.
     """
-    if forward.device.type == "cuda" and not forward.has_pairs:
-        table = torch.ops.relconv.transpose_neighbor_table(forward.neighbor_table(), forward.num_in)
-        return RelationalMap.from_neighbor_table(table, forward.num_out, validate=False)
+    if forward.injective:
+        return forward.transpose()
     return RelationalMap(
         forward.out_index,
         forward.in_index,
@@ -284,5 +286,5 @@ def generative_map(
     inp = perm.repeat(num_rel)
     ptr = torch.arange(num_rel + 1, dtype=torch.int64, device=coords.device) * num_in
     idt = index_dtype_for(num_in, num_out, inp.numel())
-    rmap = RelationalMap(inp.to(idt), out.to(idt), ptr, num_in, num_out, unique_slots=True, validate=False)
+    rmap = RelationalMap(inp.to(idt), out.to(idt), ptr, num_in, num_out, injective=True, validate=False)
     return rmap, out_coords
