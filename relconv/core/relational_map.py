@@ -357,23 +357,40 @@ class RelationalMap:
             )
         table = self._cache.get("neighbor_table")
         if table is None:
-            table = torch.full(
-                (self.num_out, self.num_relations), -1, dtype=self.index_dtype, device=self.device
-            )
-            table[self.out_index.long(), self.relation_of_pairs()] = self.in_index
+            table = self._table_from_pairs(self.num_out, self.out_index, self.in_index)
             self._cache["neighbor_table"] = table
         return table
+
+    def _table_from_pairs(self, num_rows: int, rows: Tensor, values: Tensor) -> Tensor:
+        """`[num_rows, R]` table holding values[p] at (rows[p], relation of p), -1 elsewhere."""
+        table = torch.full((num_rows, self.num_relations), -1, dtype=self.index_dtype, device=self.device)
+        table[rows.long(), self.relation_of_pairs()] = values
+        return table
+
+    def _order_from_second_use(self, order_key: str, used_key: str, table) -> Tensor | None:
+        """The cached sort (`_sorted_rows`) of `table()` from the second call on, None on the first."""
+        order = self._cache.get(order_key)
+        if order is None and self._cache.get(used_key):
+            order = self._sorted_rows(order_key, table)
+        self._cache[used_key] = True
+        return order
+
+    def _sorted_rows(self, order_key: str, table) -> Tensor:
+        """`neighbor_table_order` of `table()` (a CUDA op), cached under `order_key`."""
+        order = self._cache.get(order_key)
+        if order is None:
+            from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+
+            order = torch.ops.relconv.neighbor_table_order(table())
+            self._cache[order_key] = order
+        return order
 
     def reused_table_order(self) -> Tensor | None:
         """`table_order()` from the map's second table forward on, None on its first. Sorting costs
         more than it saves in one layer (a fresh subm 3^3 C64 fp16 layer on an H100: 0.44 ms with
         the sort on first use, 0.28 ms before it), while a map used by several layers, or a cached
         map, gains on every use after the first (the cached layer's kernel: 101 -> 79 us)."""
-        order = self._cache.get("table_order")
-        if order is None and self._cache.get("table_forwarded"):
-            order = self.table_order()
-        self._cache["table_forwarded"] = True
-        return order
+        return self._order_from_second_use("table_order", "table_forwarded", self.neighbor_table)
 
     def table_order(self) -> Tensor:
         """The outputs sorted by the relations they use (`[num_out]`, the table's index dtype):
@@ -382,13 +399,7 @@ class RelationalMap:
         schedule only: each output is computed alone, the result does not depend on it. CUDA maps
         only (the op that builds it is a CUDA kernel); cached.
         """
-        order = self._cache.get("table_order")
-        if order is None:
-            from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
-
-            order = torch.ops.relconv.neighbor_table_order(self.neighbor_table())
-            self._cache["table_order"] = order
-        return order
+        return self._sorted_rows("table_order", self.neighbor_table)
 
     def transposed_neighbor_table(self) -> Tensor:
         """Neighbour table of the transposed map `[num_in, R]`: the output row each input feeds in
@@ -412,10 +423,7 @@ class RelationalMap:
 
                 table = torch.ops.relconv.transpose_neighbor_table(self.neighbor_table(), self.num_in)
             else:
-                table = torch.full(
-                    (self.num_in, self.num_relations), -1, dtype=self.index_dtype, device=self.device
-                )
-                table[self.in_index.long(), self.relation_of_pairs()] = self.out_index
+                table = self._table_from_pairs(self.num_in, self.in_index, self.out_index)
             self._cache["transposed_neighbor_table"] = table
         return table
 
@@ -424,14 +432,9 @@ class RelationalMap:
         from the map's second input-gradient use on, None on its first; cached. The same trade as
         `reused_table_order`: the sort pays off only for a map whose backward runs more than once.
         CUDA maps only (the op that builds it is a CUDA kernel)."""
-        order = self._cache.get("transposed_table_order")
-        if order is None and self._cache.get("transposed_table_used"):
-            from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
-
-            order = torch.ops.relconv.neighbor_table_order(self.transposed_neighbor_table())
-            self._cache["transposed_table_order"] = order
-        self._cache["transposed_table_used"] = True
-        return order
+        return self._order_from_second_use(
+            "transposed_table_order", "transposed_table_used", self.transposed_neighbor_table
+        )
 
     # ------------------------------------------------------------------ validation
     def _check_metadata(self) -> None:
