@@ -1,13 +1,14 @@
 #pragma once
 // Weight gradient of the relational convolution, a gather-gather product per relation:
-//   dW[r, g] += sum over pairs p of relation r of x[in_index[p], g-block]^T (scale[p] * grad_out[out_index[p], g-block])
+//   dW[r, g] = sum over pairs p of relation r of x[in_index[p], g-block]^T (scale[p] * grad_out[out_index[p], g-block])
 //
-// GEMM view per relation: M = cin_g, N = cout_g, K = the relation's pairs. Grid: x = pair tiles of
-// `pairs_per_tile` pairs of one relation (several BK-pair K-slabs, so each block reduces many pairs in
-// registers before its single round of atomics), y = (M tile, N tile), z = group. Each K-slab gathers
-// BK rows of x and of grad_out (scaled) into shared memory as [BK][BM] and [BK][BN]: row-contiguous
-// global reads, and exactly the k-major layouts both MMA flavours consume. Blocks of the same
-// relation meet in the fp32/fp64 dW buffer through atomicAdd.
+// GEMM view per relation: M = cin_g, N = cout_g, K = the relation's pairs (split-K). Grid: x = pair
+// tiles of `pairs_per_tile` pairs of one relation (tile_schedule.cuh), y = (M tile, N tile), z = group.
+// Each K step gathers BK rows of x and of grad_out into shared memory as [BK][BM] and [BK][BN]:
+// row-contiguous global reads, and the k-major layouts the MMA consumes. A block reduces its whole
+// tile in registers, then either adds its partial dW into the fp32/fp64 buffer with atomics
+// (`partial` null), or stores it to `partial[tile]`, and weight_grad_reduce sums the tiles of each
+// relation in tile order: the deterministic mode, bitwise reproducible.
 #include <cstdint>
 
 #include "numeric.cuh"
@@ -26,7 +27,8 @@ struct WeightGradArgs {
   const int64_t* rel_ptr;  // [R + 1]
   const int64_t* tile_ptr; // [R + 1], from relation_tile_offsets with pairs_per_tile
   const acc_t<T>* scale;   // [P] or nullptr
-  acc_t<T>* dw;            // [R, groups, cin_g, cout_g], zero-initialised
+  acc_t<T>* dw;            // [R, groups, cin_g, cout_g], zero-initialised (atomic mode)
+  acc_t<T>* partial;       // [tiles, groups, cin_g, cout_g] per-tile sums (deterministic mode), or nullptr
   int64_t num_in, num_out, num_pairs, num_relations, pairs_per_tile;
   int groups, cin_g, cout_g, n_tiles;
   bool vec_x, vec_g;       // 16-byte vector loads allowed for x rows / grad_out rows
@@ -55,17 +57,35 @@ struct SlabScale {
   }
 };
 
-// Tensor-core variant (half / bfloat16): warps form a (BM/WM) x (BN/WN) grid; A is the col-major
-// WMMA operand (channel m of pair k at As[k * ldA + m]). After the K loop shared memory is reused as
-// the fp32 C tile for coalesced atomics.
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 2)
-    conv_weight_grad_wmma(const WeightGradArgs<T, Idx> a) {
+// Tensor-core variant (half / bfloat16, sm_80+): a kStages-deep cp.async pipeline over the tile's K
+// steps feeding mma.sync m16n8k16 (A k-major through the transposing ldmatrix). Each thread copies the
+// same 16-byte chunk column of fixed rows of both operands in every step (FixedChunkLoader; BM == BN
+// so the x and grad_out tiles share the mapping), and fetches the pair indices of its rows one step
+// ahead into registers, so the index loads overlap a step of MMA instead of stalling the copies.
+// The pair scale (R-GCN's 1/deg) multiplies the grad_out fragments in registers, from a per-stage
+// shared-memory copy of the step's scales. Needs vec_x and vec_g (16-byte rows); columns past C_in /
+// C_out are zero-filled per thread.
+template <typename T, int BM, int BN, int BK, int kStages>
+struct WeightGradSmem {
+  static constexpr int kLdA = BM + 8, kLdB = BN + 8;
+  static constexpr int kStage = BK * kLdA + BK * kLdB;  // elements
+  static constexpr int kStageBytes = kStage * static_cast<int>(sizeof(T));
+  static constexpr int kBytes = kStages * (kStageBytes + BK * static_cast<int>(sizeof(float)));
+  static_assert(kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
+};
+
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+    conv_weight_grad_mma(const WeightGradArgs<T, Idx> a) {
+  static_assert(BM == BN, "x and grad_out tiles share one chunk mapping");
+  using Smem = WeightGradSmem<T, BM, BN, BK, kStages>;
   constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
-  constexpr int kLdA = BM + 8, kLdB = BN + 8, kLdC = BN + 4;
-  constexpr int kBytesAB = (BK * kLdA + BK * kLdB) * static_cast<int>(sizeof(T));
-  constexpr int kBytesC = BM * kLdC * static_cast<int>(sizeof(float));
-  __shared__ __align__(128) unsigned char smem[kBytesAB > kBytesC ? kBytesAB : kBytesC];
+  constexpr int kLdA = Smem::kLdA, kLdB = Smem::kLdB;
+  using Loader = FixedChunkLoader<T, BK, BM, kThreads>;
+  constexpr int kRows = Loader::kRowsPerThread;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* stages = reinterpret_cast<T*>(smem);
+  float* s_scale = reinterpret_cast<float*>(smem + kStages * Smem::kStageBytes);  // [kStages][BK]
 
   const PairTile t =
       locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.pairs_per_tile, blockIdx.x);
@@ -73,42 +93,118 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, 2)
   const int g = blockIdx.z, m0 = (blockIdx.y / a.n_tiles) * BM, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
   const int64_t ldx = int64_t{a.groups} * cin, ldg = int64_t{a.groups} * cout;
-
-  T* As = reinterpret_cast<T*>(smem);
-  T* Bs = As + BK * kLdA;
   const int warp = threadIdx.x / 32, wm = warp / (BN / WN), wn = warp % (BN / WN);
-  WmmaWarpTile<T, WM, WN, nvcuda::wmma::col_major> tile;
-  tile.zero();
-  for (int64_t p0 = t.begin; p0 < t.end; p0 += BK) {
-    const SlabRows<T, Idx> x_rows{a.in_index, p0, t.end, a.num_in, ldx, int64_t{g} * cin};
-    const SlabRows<T, Idx> g_rows{a.out_index, p0, t.end, a.num_out, ldg, int64_t{g} * cout};
-    load_rows<T, BK, BM, kThreads, false, false>(As, kLdA, a.x, x_rows, NoScale{}, m0, cin, a.vec_x);
-    load_rows<T, BK, BN, kThreads, false, true>(Bs, kLdB, a.grad, g_rows, SlabScale<float>{a.scale, p0, t.end},
-                                                n0, cout, a.vec_g);
-    __syncthreads();
-    tile.template mma<BK>(As + wm * WM, kLdA, Bs + wn * WN, kLdB);
-    __syncthreads();
-  }
 
-  float* Cs = reinterpret_cast<float*>(smem);
-  tile.store(Cs + wm * WM * kLdC + wn * WN, kLdC);
-  __syncthreads();
-  acc_t<T>* dw = a.dw + (t.relation * a.groups + g) * int64_t{cin} * cout;
-  for (int idx = threadIdx.x; idx < BM * BN; idx += kThreads) {
-    const int m = idx / BN, n = idx % BN;
-    if (m0 + m < cin && n0 + n < cout) atomicAdd(dw + int64_t{m0 + m} * cout + n0 + n, Cs[m * kLdC + n]);
+  const Loader loader;
+  const bool x_cols = m0 + loader.col < cin, g_cols = n0 + loader.col < cout;
+  const T* x_base = a.x + int64_t{g} * cin + m0 + loader.col;
+  const T* g_base = a.grad + int64_t{g} * cout + n0 + loader.col;
+
+  // This thread's rows of the next step to issue: element offsets of the x and grad_out rows (-1:
+  // zero row, for a pair past the tile end or with an index out of range) and the pair's scale.
+  int64_t x_off[kRows], g_off[kRows];
+  float scale[kRows];
+  const auto fetch = [&](int64_t p0) {
+#pragma unroll
+    for (int it = 0; it < kRows; ++it) {
+      const int i = loader.row0 + it * Loader::kRowStride;
+      const int64_t p = p0 + i;
+      x_off[it] = g_off[it] = -1;
+      scale[it] = 1.f;
+      if (i < BK && p < t.end) {
+        const int64_t xi = a.in_index[p], oi = a.out_index[p];
+        if (xi >= 0 && xi < a.num_in && oi >= 0 && oi < a.num_out) {
+          x_off[it] = xi * ldx;
+          g_off[it] = oi * ldg;
+          if (a.scale) scale[it] = a.scale[p];
+        }
+      }
+    }
+  };
+  const int steps = static_cast<int>((t.end - t.begin + BK - 1) / BK);
+  int load_step = 0;
+  const auto issue_next = [&] {
+    const int stage = load_step % kStages;
+    T* As = stages + stage * Smem::kStage;
+    T* Bs = As + BK * kLdA;
+#pragma unroll
+    for (int it = 0; it < kRows; ++it) {
+      const int i = loader.row0 + it * Loader::kRowStride;
+      if (BK % Loader::kRowStride != 0 && i >= BK) break;
+      const bool row = x_off[it] >= 0;  // x and grad_out rows are present together
+      cp_async_16(As + i * kLdA + loader.col, row ? x_base + x_off[it] : a.x, row && x_cols);
+      cp_async_16(Bs + i * kLdB + loader.col, row ? g_base + g_off[it] : a.grad, row && g_cols);
+      if (a.scale && loader.col == 0) s_scale[stage * BK + i] = scale[it];
+    }
+    ++load_step;
+    fetch(t.begin + int64_t{load_step} * BK);
+  };
+
+  MmaWarpTile<T, WM, WN> tile;
+  tile.zero();
+  fetch(t.begin);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue_next();
+    cp_async_commit();  // empty groups keep the wait counts uniform
   }
+  const int lane = threadIdx.x % 32, tig = lane % 4;
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<kStages - 2>();
+    // Step `step`'s stage is complete for every thread, and every warp is done with the previous
+    // step's stage, which the issue below refills.
+    __syncthreads();
+    if (step + kStages - 1 < steps) issue_next();
+    cp_async_commit();
+    const int stage = step % kStages;
+    const T* As = stages + stage * Smem::kStage;
+    const T* Bs = As + BK * kLdA;
+    if (a.scale) {
+      const float* sc = s_scale + stage * BK;
+      tile.template mma<BK, true>(As + wm * WM, kLdA, Bs + wn * WN, kLdB, [&](int k, auto& fb) {
+        // Fragment rows of this thread: k + 2 tig (+1) in register 0, k + 8 + 2 tig (+1) in register 1.
+        const float s0 = sc[k + 2 * tig], s1 = sc[k + 2 * tig + 1], s8 = sc[k + 8 + 2 * tig],
+                    s9 = sc[k + 9 + 2 * tig];
+#pragma unroll
+        for (int j = 0; j < MmaWarpTile<T, WM, WN>::kTilesN; ++j) {
+          fb[j][0] = scale_pair<T>(fb[j][0], s0, s1);
+          fb[j][1] = scale_pair<T>(fb[j][1], s8, s9);
+        }
+      });
+    } else {
+      tile.template mma<BK, true>(As + wm * WM, kLdA, Bs + wn * WN, kLdB);
+    }
+  }
+  cp_async_wait<0>();
+
+  const int64_t rel_block = (t.relation * a.groups + g) * int64_t{cin} * cout;
+  float* partial = a.partial ? a.partial + (int64_t{blockIdx.x} * a.groups + g) * int64_t{cin} * cout : nullptr;
+  const int row0 = m0 + wm * WM, col0 = n0 + wn * WN;
+  tile.for_each_pair([&](int m, int n, float v0, float v1) {
+    const int r = row0 + m, c = col0 + n;
+    if (r >= cin || c >= cout) return;
+    const int64_t e = int64_t{r} * cout + c;
+    if (partial) {
+      partial[e] = v0;
+      if (c + 1 < cout) partial[e + 1] = v1;
+    } else {
+      atomicAdd(a.dw + rel_block + e, v0);
+      if (c + 1 < cout) atomicAdd(a.dw + rel_block + e + 1, v1);
+    }
+  });
 }
 
 // SIMT variant (float / double), same dataflow; thread (tm, tn) owns an interleaved TM x TN sub-tile.
+// Also the half / bfloat16 fallback for rows that are not 16-byte vectors (odd channel counts).
 // The min-blocks hint of 2 (a 128-register budget) matters: without it ptxas settles near 80 registers
-// and spills in the float instantiations (same for the narrow bfloat16 WMMA variant above).
+// and spills in the float instantiations.
 template <typename T, typename Idx, int BM, int BN, int BK, int TM, int TN>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN), 2)
     conv_weight_grad_simt(const WeightGradArgs<T, Idx> a) {
   using Acc = acc_t<T>;
   constexpr int kThreads = (BM / TM) * (BN / TN);
-  constexpr int kLdA = BM + 4, kLdB = BN + 4;
+  // Rows padded by one 16-byte vector: they stay 16-byte aligned for load_rows' vector stores.
+  constexpr int kLdA = BM + kVecElems<T>, kLdB = BN + kVecElems<T>;
   __shared__ __align__(16) T As[BK * kLdA];
   __shared__ __align__(16) T Bs[BK * kLdB];
 
@@ -133,7 +229,9 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), 2)
     __syncthreads();
   }
 
-  Acc* dw = a.dw + (t.relation * a.groups + g) * int64_t{cin} * cout;
+  const int64_t block = int64_t{cin} * cout;
+  Acc* dw = a.partial ? a.partial + (int64_t{blockIdx.x} * a.groups + g) * block
+                      : a.dw + (t.relation * a.groups + g) * block;
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
     const int m = m0 + tm + i * (BM / TM);
@@ -141,8 +239,29 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), 2)
 #pragma unroll
     for (int j = 0; j < TN; ++j) {
       const int n = n0 + tn + j * (BN / TN);
-      if (n < cout) atomicAdd(dw + int64_t{m} * cout + n, tile.acc[i][j]);
+      if (n >= cout) continue;
+      if (a.partial) {
+        dw[int64_t{m} * cout + n] = tile.acc[i][j];
+      } else {
+        atomicAdd(dw + int64_t{m} * cout + n, tile.acc[i][j]);
+      }
     }
+  }
+}
+
+// Deterministic mode's second pass: dw[r, e] = sum over the tiles of relation r, in tile order, of
+// partial[tile, e] (e runs over groups x cin_g x cout_g), rounded once to T. A relation without pairs
+// gets zeros.
+template <typename T>
+__global__ void weight_grad_reduce(const acc_t<T>* __restrict__ partial, const int64_t* __restrict__ tile_ptr,
+                                   int64_t num_relations, int64_t per_relation, T* __restrict__ dw) {
+  const int64_t total = num_relations * per_relation;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / per_relation, e = idx - r * per_relation;
+    acc_t<T> sum = 0;
+    for (int64_t tile = tile_ptr[r]; tile < tile_ptr[r + 1]; ++tile) sum += partial[tile * per_relation + e];
+    dw[idx] = from_acc<T>(sum);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace relconv::cuda {
 
@@ -45,6 +46,26 @@ __device__ __forceinline__ void store_pair(__half* p, float v0, float v1) {
 }
 __device__ __forceinline__ void store_pair(__nv_bfloat16* p, float v0, float v1) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+}
+
+// Two packed half / bfloat16 elements (low half first, as in an mma.sync fragment register) times
+// (s0, s1), computed in fp32 and rounded once, like scaling each element on its way into shared memory.
+template <typename T>
+__device__ __forceinline__ unsigned scale_pair(unsigned packed, float s0, float s1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h;
+    memcpy(&h, &packed, sizeof(h));
+    const float2 f = __half22float2(h);
+    h = __floats2half2_rn(f.x * s0, f.y * s1);
+    memcpy(&packed, &h, sizeof(h));
+  } else {
+    __nv_bfloat162 h;
+    memcpy(&h, &packed, sizeof(h));
+    const float2 f = __bfloat1622float2(h);
+    h = __floats2bfloat162_rn(f.x * s0, f.y * s1);
+    memcpy(&packed, &h, sizeof(h));
+  }
+  return packed;
 }
 
 }  // namespace relconv::cuda

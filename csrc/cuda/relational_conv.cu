@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "common/checks.h"
 #include "cuda/conv_forward.cuh"
@@ -50,6 +51,17 @@ const T* ptr(const at::Tensor& t) {
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Past 48 KiB of dynamic shared memory a kernel must opt in (once per process and kernel; the
+// attribute is per function, and every device of one process runs the same image).
+template <auto Kernel>
+void allow_dynamic_smem(int bytes) {
+  static const bool opted_in = [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)opted_in;
+}
 
 // Upper bound on the number of tiles (see tile_schedule.cuh) and the device-side tile offsets.
 int64_t schedule_tiles(const at::Tensor& rel_ptr, int64_t num_pairs, int64_t pairs_per_tile, at::Tensor& tile_ptr,
@@ -163,14 +175,9 @@ template <typename T, typename Idx, typename Cfg, int kStages, bool kFull>
 void launch_forward_table_mma_kernel(const cuda::ConvTableArgs<T, Idx>& a, dim3 grid, cudaStream_t stream) {
   constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
   constexpr int kBytes = cuda::TableMmaSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
-  const auto kernel = cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kFull>;
-  // Past 48 KiB of dynamic shared memory a kernel must opt in (once per process and kernel; the
-  // attribute is per function, and every device of one process runs the same image).
-  static const bool opted_in = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
-    return true;
-  }();
-  (void)opted_in;
+  constexpr auto kernel =
+      cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kFull>;
+  allow_dynamic_smem<kernel>(kBytes);
   kernel<<<grid, kThreads, kBytes, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -331,51 +338,99 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
 
 // ---------------------------------------------------------------- weight gradient
 
-// Pairs per block: enough blocks to fill the GPU several times over, otherwise as many pairs as
-// possible per block (fewer atomics on dW). Capped so that one block never walks a huge relation alone.
-int64_t weight_grad_pairs_per_tile(int64_t num_pairs, int64_t blocks_per_slab, int bk) {
-  constexpr int64_t kTargetBlocks = 2048, kMaxSlabs = 64;
-  const int64_t slabs_wanted = std::max<int64_t>(1, kTargetBlocks / std::max<int64_t>(1, blocks_per_slab));
-  const int64_t per_block = (num_pairs + slabs_wanted - 1) / slabs_wanted;
-  const int64_t slabs = std::clamp<int64_t>((per_block + bk - 1) / bk, 1, kMaxSlabs);
-  return slabs * bk;
+// Pairs per tile, from a target block count: tiles are equal-sized, so for the pipelined tensor-core
+// kernel one wave of about four resident blocks per SM is balanced, and fewer, longer tiles amortise
+// its pipeline fill and epilogue; the SIMT kernel keeps its measured 2048 blocks. The deterministic
+// mode also caps its per-tile workspace at kMaxWorkspaceBytes.
+constexpr int64_t kMaxWorkspaceBytes = int64_t{32} << 20;
+
+int64_t weight_grad_pairs_per_tile(int64_t num_pairs, int64_t target_blocks, int64_t blocks_per_tile, int bk,
+                                   int64_t max_tiles) {
+  const int64_t tiles = std::clamp<int64_t>(target_blocks / std::max<int64_t>(1, blocks_per_tile), 1,
+                                            std::max<int64_t>(1, max_tiles));
+  const int64_t per_tile = (num_pairs + tiles - 1) / tiles;
+  return std::max<int64_t>(1, (per_tile + bk - 1) / bk) * bk;
 }
 
-template <typename T, typename Idx, typename Cfg, bool kTensorCores>
-void launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& rel_ptr, cudaStream_t stream) {
+// Launches one weight-gradient kernel over every relation and returns dW in x's dtype. Deterministic
+// mode: per-tile partial sums, then weight_grad_reduce (3 launches, no atomics); otherwise atomics
+// into a zeroed fp32/fp64 buffer and a cast (4 launches).
+template <typename T, typename Idx, typename Cfg, int kStages, bool kTensorCores>
+at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& rel_ptr, bool deterministic,
+                              const at::TensorOptions& opts, cudaStream_t stream) {
   const int m_tiles = (a.cin_g + Cfg::BM - 1) / Cfg::BM;
   a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
   const int64_t y = int64_t{m_tiles} * a.n_tiles;
   check_grid_y(y, a.groups);
-  a.pairs_per_tile = weight_grad_pairs_per_tile(a.num_pairs, y * a.groups, Cfg::BK);
+  const auto acc = acc_dtype(opts.dtype().toScalarType());
+  const int64_t per_relation = int64_t{a.groups} * a.cin_g * a.cout_g;
+  const int64_t acc_bytes = static_cast<int64_t>(c10::elementSize(acc));
+  const int64_t max_tiles = deterministic ? kMaxWorkspaceBytes / (per_relation * acc_bytes) - a.num_relations
+                                          : std::numeric_limits<int64_t>::max();
+  const int64_t target_blocks =
+      kTensorCores ? 4 * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
+  a.pairs_per_tile = weight_grad_pairs_per_tile(a.num_pairs, target_blocks, y * a.groups, Cfg::BK, max_tiles);
   at::Tensor tile_ptr;
   const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, a.pairs_per_tile, tile_ptr, stream);
   a.tile_ptr = tile_ptr.const_data_ptr<int64_t>();
+  at::Tensor buffer;
+  if (deterministic) {
+    buffer = at::empty({tiles, per_relation}, opts.dtype(acc));
+    a.partial = reinterpret_cast<acc_t<T>*>(buffer.mutable_data_ptr());
+  } else {
+    buffer = at::zeros({a.num_relations, per_relation}, opts.dtype(acc));
+    a.dw = reinterpret_cast<acc_t<T>*>(buffer.mutable_data_ptr());
+  }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y), static_cast<unsigned>(a.groups));
   if constexpr (kTensorCores) {
     constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
-    cuda::conv_weight_grad_wmma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN>
-        <<<grid, kThreads, 0, stream>>>(a);
+    constexpr int kBytes = cuda::WeightGradSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
+    constexpr auto kernel = cuda::conv_weight_grad_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages>;
+    allow_dynamic_smem<kernel>(kBytes);
+    kernel<<<grid, kThreads, kBytes, stream>>>(a);
   } else {
     constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN);
-    cuda::conv_weight_grad_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN>
-        <<<grid, kThreads, 0, stream>>>(a);
+    cuda::conv_weight_grad_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN><<<grid, kThreads, 0, stream>>>(a);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const std::vector<int64_t> sizes{a.num_relations, a.groups, a.cin_g, a.cout_g};
+  if (!deterministic) return buffer.view(sizes).to(opts.dtype().toScalarType());
+  at::Tensor dw = at::empty(sizes, opts);
+  const int64_t total = a.num_relations * per_relation;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
+  cuda::weight_grad_reduce<T><<<blocks, 256, 0, stream>>>(reinterpret_cast<const acc_t<T>*>(buffer.const_data_ptr()),
+                                                          a.tile_ptr, a.num_relations, per_relation,
+                                                          reinterpret_cast<T*>(dw.mutable_data_ptr()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return dw;
 }
 
+// Tensor cores (16-byte rows): square tiles as wide as the channels, 4 warps (8 at C >= 128, whose
+// 128 x 128 tile gathers each pair's rows once instead of twice), 32 pairs per K step. Other rows,
+// and float / double, take the SIMT kernel.
 template <typename T, typename Idx>
-void weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at::Tensor& rel_ptr, cudaStream_t stream) {
-  const bool narrow = a.cin_g <= 32 && a.cout_g <= 32;
+at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at::Tensor& rel_ptr, bool deterministic,
+                                const at::TensorOptions& opts, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-    if (narrow) return launch_weight_grad<T, Idx, Tiles<32, 32, 32, 16, 16>, true>(a, rel_ptr, stream);
-    return launch_weight_grad<T, Idx, Tiles<64, 64, 32, 32, 32>, true>(a, rel_ptr, stream);
-  } else {
-    if (narrow) return launch_weight_grad<T, Idx, Tiles<32, 32, 16, 2, 2>, false>(a, rel_ptr, stream);
-    return launch_weight_grad<T, Idx, Tiles<64, 64, 16, 4, 4>, false>(a, rel_ptr, stream);
+    // mma.sync m16n8k16 and cp.async need sm_80+; older GPUs take the SIMT kernel below.
+    if (a.vec_x && a.vec_g && at::cuda::getCurrentDeviceProperties()->major >= 8) {
+      if (a.cin_g <= 32 && a.cout_g <= 32) {
+        return launch_weight_grad<T, Idx, Tiles<32, 32, 32, 16, 16>, 4, true>(a, rel_ptr, deterministic, opts, stream);
+      }
+      if (a.cin_g >= 128 && a.cout_g >= 128) {
+        return launch_weight_grad<T, Idx, Tiles<128, 128, 32, 64, 32>, 3, true>(a, rel_ptr, deterministic, opts,
+                                                                               stream);
+      }
+      return launch_weight_grad<T, Idx, Tiles<64, 64, 32, 32, 32>, 4, true>(a, rel_ptr, deterministic, opts, stream);
+    }
   }
+  if (a.cin_g <= 32 && a.cout_g <= 32) {
+    return launch_weight_grad<T, Idx, Tiles<32, 32, 16, 2, 2>, 1, false>(a, rel_ptr, deterministic, opts, stream);
+  }
+  return launch_weight_grad<T, Idx, Tiles<64, 64, 16, 4, 4>, 1, false>(a, rel_ptr, deterministic, opts, stream);
 }
 
+// Deterministic (bitwise reproducible, no atomics) under torch.use_deterministic_algorithms(True).
 at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tensor& grad_out,
                                             const at::Tensor& in_index, const at::Tensor& out_index,
                                             const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale,
@@ -383,18 +438,17 @@ at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tenso
   const ConvShape s = check_weight_grad_args(x, grad_out, in_index, out_index, rel_ptr, scale, groups);
   TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
   const c10::cuda::CUDAGuard guard(x.device());
-  const auto acc = acc_dtype(x.scalar_type());
-  at::Tensor dw = at::zeros({s.num_relations, s.groups, s.cin_g, s.cout_g}, x.options().dtype(acc));
   if (s.num_pairs == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0 || x.size(0) == 0 ||
       grad_out.size(0) == 0) {
-    return dw.to(x.scalar_type());
+    return at::zeros({s.num_relations, s.groups, s.cin_g, s.cout_g}, x.options());
   }
   check_int32_channels(s);
   const at::Tensor xc = x.contiguous(), gc = grad_out.contiguous();
   const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
   const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  at::Tensor dw;
   dispatch_types(x.scalar_type(), in_index.scalar_type(), [&](auto t, auto i) {
     using T = decltype(t);
     using Idx = decltype(i);
@@ -403,12 +457,11 @@ at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tenso
     a.x = ptr<T>(xc);
     a.grad = ptr<T>(gc);
     fill_pair_args<T, Idx>(a, ii, oi, rp, sc, s, x.size(0), grad_out.size(0));
-    a.dw = reinterpret_cast<acc_t<T>*>(dw.mutable_data_ptr());
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
     a.vec_g = s.cout_g % V == 0 && aligned16(a.grad);
-    weight_grad_by_width<T, Idx>(a, rp, stream);
+    dw = weight_grad_by_width<T, Idx>(a, rp, deterministic, x.options(), stream);
   });
-  return dw.scalar_type() == x.scalar_type() ? dw : dw.to(x.scalar_type());
+  return dw;
 }
 
 }  // namespace

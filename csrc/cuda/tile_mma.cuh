@@ -82,9 +82,17 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
 // (sm_80+). Compared with WMMA it keeps the fragments in a known register layout, so the epilogue
 // stores straight from registers (no fp32 C tile in shared memory), and ldmatrix loads a whole
 // 16x16 operand per instruction.
-// A is row-major in shared memory (A(m, k) at a[m * lda + k]), B k-major (B(k, n) at b[k * ldb + n]);
+// B is k-major in shared memory (B(k, n) at b[k * ldb + n]); A row-major (A(m, k) at a[m * lda + k],
+// the gathered rows of the forward) or, with kAKMajor, k-major too (A(m, k) at a[k * lda + m], the
+// gathered rows of the weight gradient, loaded with the transposing ldmatrix).
 // lda and ldb must keep every 8-element row chunk 16-byte aligned and should be padded by 8 elements
 // so that the 8 row addresses of one ldmatrix fall in distinct banks.
+// Hooks see the B fragments of each 16-deep k block before they are used (NoFragmentHook: none).
+struct NoFragmentHook {
+  template <typename Frags>
+  __device__ __forceinline__ void operator()(int, Frags&) const {}
+};
+
 template <typename T, int WM, int WN>
 struct MmaWarpTile {
   static constexpr int kTilesM = WM / 16, kTilesN = WN / 8;
@@ -101,17 +109,26 @@ struct MmaWarpTile {
   }
 
   // a, b point at this warp's (m, k = 0) and (k = 0, n) origins in shared memory.
-  template <int BK>
-  __device__ __forceinline__ void mma(const T* a, int lda, const T* b, int ldb) {
+  template <int BK, bool kAKMajor = false, typename BHook = NoFragmentHook>
+  __device__ __forceinline__ void mma(const T* a, int lda, const T* b, int ldb, BHook b_hook = {}) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const int lane = threadIdx.x % 32;
     // ldmatrix x4 row addresses: lanes 0-15 rows 0-15 of the first 8 k, lanes 16-31 of the next 8.
     const int row = lane % 16, half8 = (lane / 16) * 8;
+    // k-major A: the four 8x8 matrices of a 16x16 block are (m 0-7 | m 8-15) x (k 0-7 | k 8-15) in
+    // fragment order; lane l addresses k row l % 8 of matrix l / 8.
+    const int a_k = lane % 8 + (lane / 16) * 8, a_m = (lane / 8 % 2) * 8;
 #pragma unroll
     for (int k = 0; k < BK; k += 16) {
       unsigned fa[kTilesM][4], fb[kTilesN][2];
 #pragma unroll
-      for (int i = 0; i < kTilesM; ++i) ldmatrix_x4(fa[i], a + (i * 16 + row) * lda + k + half8);
+      for (int i = 0; i < kTilesM; ++i) {
+        if constexpr (kAKMajor) {
+          ldmatrix_x4_trans(fa[i], a + (k + a_k) * lda + i * 16 + a_m);
+        } else {
+          ldmatrix_x4(fa[i], a + (i * 16 + row) * lda + k + half8);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kTilesN; j += 2) {
         unsigned r[4];
@@ -119,6 +136,7 @@ struct MmaWarpTile {
         ldmatrix_x4_trans(r, b + (k + row) * ldb + j * 8 + half8);
         fb[j][0] = r[0], fb[j][1] = r[1], fb[j + 1][0] = r[2], fb[j + 1][1] = r[3];
       }
+      b_hook(k, fb);
 #pragma unroll
       for (int i = 0; i < kTilesM; ++i)
 #pragma unroll

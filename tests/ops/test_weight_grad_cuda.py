@@ -1,0 +1,106 @@
+"""The CUDA weight gradient (pipelined tensor-core kernel, SIMT fallback) against the float64
+reference, in both reduction modes: atomics, and the deterministic per-tile partial sums taken under
+torch.use_deterministic_algorithms(True)."""
+
+import pytest
+import torch
+
+from relconv import relational_conv_weight_grad
+from tests.conftest import requires_cuda
+from tests.ops.maps import TOLERANCE, random_map, rel_error
+
+pytestmark = [pytest.mark.cuda, requires_cuda]
+
+
+@pytest.fixture(params=[False, True], ids=["atomic", "deterministic"])
+def deterministic(request):
+    torch.use_deterministic_algorithms(request.param)
+    yield request.param
+    torch.use_deterministic_algorithms(False)
+
+
+def _reference(x, grad, rmap, groups):
+    """dW[r, g] = sum over pairs p of relation r of x[in]^T (scale * grad[out]): [R, G, C_in_g, C_out_g]."""
+    x, grad = x.double().cpu(), grad.double().cpu()
+    ii, oi, rp = rmap.in_index.long().cpu(), rmap.out_index.long().cpu(), rmap.rel_ptr.cpu()
+    s = rmap.scale.double().cpu() if rmap.scale is not None else torch.ones(ii.numel(), dtype=torch.float64)
+    cin_g, cout_g = x.shape[1] // groups, grad.shape[1] // groups
+    dw = torch.zeros(rmap.num_relations, groups, cin_g, cout_g, dtype=torch.float64)
+    for r in range(rmap.num_relations):
+        p = slice(int(rp[r]), int(rp[r + 1]))
+        xs = x[ii[p]].view(-1, groups, cin_g)
+        gs = (grad[oi[p]] * s[p, None]).view(-1, groups, cout_g)
+        dw[r] = torch.einsum("pgi,pgo->gio", xs, gs)
+    return dw
+
+
+def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_in, cin, generator=g, dtype=torch.float64).to("cuda", dtype)
+    grad = torch.randn(num_out, cout, generator=g, dtype=torch.float64).to("cuda", dtype)
+    return x, grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("with_scale", [False, True], ids=["unscaled", "scaled"])
+# (C_in, C_out, groups): the 32 / 64 / 128 tensor-core tiles, partial column tiles (24 -> 40,
+# 128 -> 96, 200), rectangular (32 -> 64), grouped, and 12 -> 20 (rows that are not 16-byte vectors:
+# the SIMT fallback).
+@pytest.mark.parametrize(
+    "cin,cout,groups",
+    [
+        (16, 16, 1),
+        (32, 32, 1),
+        (24, 40, 1),
+        (64, 64, 1),
+        (32, 64, 1),
+        (128, 128, 1),
+        (128, 96, 1),
+        (200, 200, 1),
+        (64, 64, 2),
+        (12, 20, 1),
+    ],
+)
+def test_weight_grad_matches_reference(deterministic, dtype, index_dtype, with_scale, cin, cout, groups):
+    # Several thousand pairs over 7 relations (one empty): many tiles per relation, ragged ends.
+    rmap = random_map(500, 450, 7, 6000, "cuda", index_dtype, with_scale)
+    x, grad = _inputs(500, 450, cin, cout, dtype)
+    dw = relational_conv_weight_grad(x, grad, rmap, groups=groups)
+    ref = _reference(x, grad, rmap, groups)
+    assert dw.dtype == dtype and dw.shape == ref.shape
+    assert rel_error(dw, ref) < TOLERANCE[dtype]
+    assert not dw[0].any()  # the empty relation
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_deterministic_mode_is_bitwise_reproducible(dtype):
+    rmap = random_map(3000, 2800, 27, 60000, "cuda", torch.int32, with_scale=False)
+    x, grad = _inputs(3000, 2800, 64, 64, dtype)
+    atomic = relational_conv_weight_grad(x, grad, rmap)
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = relational_conv_weight_grad(x, grad, rmap)
+        for _ in range(3):
+            assert torch.equal(relational_conv_weight_grad(x, grad, rmap), first)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert rel_error(first, atomic) < TOLERANCE[dtype]
+    assert rel_error(first, _reference(x, grad, rmap, 1)) < TOLERANCE[dtype]
+
+
+def _unaligned(t):
+    """A contiguous copy of t that starts 2 bytes into its storage (no 16-byte loads)."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = flat[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_unaligned_rows_take_the_fallback(dtype):
+    rmap = random_map(300, 200, 5, 2000, "cuda", torch.int32, with_scale=True)
+    x, grad = (_unaligned(t) for t in _inputs(300, 200, 64, 64, dtype))
+    assert x.data_ptr() % 16 and grad.data_ptr() % 16
+    dw = relational_conv_weight_grad(x, grad, rmap)
+    assert rel_error(dw, _reference(x, grad, rmap, 1)) < TOLERANCE[dtype]
