@@ -167,9 +167,11 @@ at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in
   return out;
 }
 
-// Rows of a neighbour table sorted by their occupied relations (occupancy_keys_kernel): the
-// table_order of the output-stationary kernel. A radix sort over only the key bits in use (4 passes
-// for 27 relations); no host sync.
+// Rows of a neighbour table sorted by their occupied relations: the table_order of the
+// output-stationary kernel. Keys in two passes (occupancy_keys_kernel, then ranked_gray_keys_kernel:
+// masks with the rarest relations in the high bits, in Gray order), then a stable radix sort over
+// only the key bits in use (4 passes for 27 relations). Integer counts and a stable sort make the
+// order a pure function of the table; no host sync.
 at::Tensor neighbor_table_order_cuda(const at::Tensor& table) {
   TORCH_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
   TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
@@ -183,11 +185,17 @@ at::Tensor neighbor_table_order_cuda(const at::Tensor& table) {
   at::Tensor order = at::empty({n}, t.options());
   if (n == 0) return order;
   const auto keys = at::empty({2, n}, t.options().dtype(at::kInt));
+  const auto counts = memset_tensor({cuda::kOrderKeyBits}, t.options().dtype(at::kInt), 0, stream);
   at::Tensor rows = at::empty({n}, t.options());
-  const int end_bit = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(r, 31)));
+  const auto keyed = static_cast<int32_t>(std::min<int64_t>(r, cuda::kOrderKeyBits));
+  const int end_bit = std::max(1, static_cast<int>(keyed));
   AT_DISPATCH_INDEX_TYPES(t.scalar_type(), "neighbor_table_order", [&] {
     cuda::occupancy_keys_kernel<index_t><<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
-        t.const_data_ptr<index_t>(), n, r, keys[0].mutable_data_ptr<int32_t>(), rows.mutable_data_ptr<index_t>());
+        t.const_data_ptr<index_t>(), n, r, keyed, keys[0].mutable_data_ptr<int32_t>(),
+        rows.mutable_data_ptr<index_t>(), counts.mutable_data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    cuda::ranked_gray_keys_kernel<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
+        keys[0].mutable_data_ptr<int32_t>(), n, keyed, counts.const_data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     size_t temp_bytes = 0;
     const auto sort = [&](void* temp) {

@@ -9,11 +9,13 @@ from voxel_refs import random_voxels
 
 from relconv.ops import Dataflow, relational_conv
 from relconv.ops.reference import relational_conv_reference
-from relconv.voxel import submanifold_map
+from relconv.voxel import submanifold_map, voxelize
+from relconv.voxel.synthetic import raycast_scan
 
 pytestmark = requires_cuda
 
 _conv = torch.ops.relconv.relational_conv.default
+_order = torch.ops.relconv.neighbor_table_order.default
 
 
 def _map(index_dtype=torch.int32, n=3000, seed=3):
@@ -24,16 +26,86 @@ def _map(index_dtype=torch.int32, n=3000, seed=3):
     return rmap
 
 
+def _masks(table):
+    """Occupancy mask of each row over the first 31 relations (bit r = relation r)."""
+    hit = (table[:, :31] >= 0).long()
+    return (hit << torch.arange(hit.shape[1], device=hit.device)).sum(1)
+
+
+def _reference_key(table):
+    """The documented sort key: bit r of the mask moves to the number of relations used by more rows
+    (or by as many, with a smaller index), and the word becomes its rank in the reflected Gray sequence."""
+    hit = (table[:, :31] >= 0).long()
+    counts = hit.sum(0)
+    q = torch.arange(hit.shape[1], device=hit.device)
+    before = (counts[None, :] > counts[:, None]) | (
+        (counts[None, :] == counts[:, None]) & (q[None, :] < q[:, None])
+    )
+    word = (hit << before.sum(1)).sum(1)
+    for shift in (1, 2, 4, 8, 16):
+        word = word ^ (word >> shift)
+    return word
+
+
+def _busy_tiles(table, order, tile=64):
+    """(tile, relation) steps the output-stationary kernel runs over `order`."""
+    hit = table[order.long()] >= 0
+    pad = (-hit.shape[0]) % tile
+    return int(torch.cat([hit, hit.new_zeros(pad, hit.shape[1])]).view(-1, tile, hit.shape[1]).any(1).sum())
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_order_is_a_permutation_sorted_by_occupancy(index_dtype):
+def test_order_is_the_stable_sort_by_the_documented_key(index_dtype):
     rmap = _map(index_dtype)
     table, order = rmap.neighbor_table(), rmap.table_order()
     assert order.dtype == table.dtype and order.shape == (rmap.num_out,)
-    assert torch.equal(order.sort().values.long(), torch.arange(rmap.num_out, device="cuda"))
-    bits = (table >= 0).long() << torch.arange(table.shape[1], device="cuda")
-    keys = bits.sum(1)[order.long()]
-    assert bool((keys[1:] >= keys[:-1]).all())
+    expected = torch.sort(_reference_key(table), stable=True).indices
+    assert torch.equal(order.long(), expected)
+    # Rows with the same occupied relations stay contiguous: each mask is one run of the order.
+    masks = _masks(table)[order.long()]
+    runs = torch.unique_consecutive(masks)
+    assert runs.numel() == torch.unique(masks).numel()
     assert rmap.table_order() is order  # cached
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("relations", [1, 5, 8, 27, 31, 40])
+def test_order_of_any_table_matches_the_reference(index_dtype, relations):
+    """Tables beyond voxel maps: relations with very different use, and more than the 31 key bits
+    (relations 31 and up do not take part in the key)."""
+    gen = torch.Generator().manual_seed(relations)
+    use = torch.rand(relations, generator=gen)
+    table = torch.where(torch.rand(4000, relations, generator=gen) < use, 7, -1).to("cuda", index_dtype)
+    order = _order(table)
+    assert order.dtype == index_dtype
+    assert torch.equal(order.long(), torch.sort(_reference_key(table), stable=True).indices)
+
+
+def test_order_ranks_relations_by_use_and_walks_masks_in_gray_order():
+    """Relation 0 is used by 3 rows, relation 2 by 2, relation 1 by 1, so they take key bits 0, 1, 2;
+    Gray order then places {0, 2} right after {0} (one relation apart), where a plain mask sort
+    would put {1} there."""
+    used = [{0}, {1}, {0, 2}, set(), {0}, {2}]
+    table = torch.tensor([[5 if r in u else -1 for r in range(3)] for u in used], dtype=torch.int32)
+    order = _order(table.cuda())
+    assert order.tolist() == [3, 0, 4, 2, 5, 1]
+    assert torch.sort(_masks(table), stable=True).indices.tolist() == [3, 0, 4, 1, 5, 2]
+
+
+def test_order_cuts_tile_work_on_a_lidar_scan():
+    """What the key is for: fewer (64-row tile, relation) steps than a plain sort by mask on a
+    ray-cast scan (about 12% fewer on this one, 11-15% on the benchmark scenes)."""
+    points, _ = raycast_scan(beams=32, seed=0, azimuth_steps=720)
+    coords = voxelize(torch.from_numpy(points).cuda(), 0.1).tensor.coords
+    table = submanifold_map(coords, (3, 3, 3), (1, 1, 1), (1, 1, 1)).neighbor_table()
+    plain = torch.sort(_masks(table), stable=True).indices
+    assert _busy_tiles(table, _order(table)) <= 0.95 * _busy_tiles(table, plain)
+
+
+def test_order_of_an_empty_table():
+    for shape in ((0, 27), (6, 0)):
+        table = torch.full(shape, -1, dtype=torch.int32, device="cuda")
+        assert torch.equal(_order(table).long(), torch.arange(shape[0], device="cuda"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
