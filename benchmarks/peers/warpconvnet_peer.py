@@ -40,13 +40,24 @@ def available() -> tuple[bool, str]:
         return True, getattr(warpconvnet, "__version__", "unknown")
 
 
-def voxels(feats: torch.Tensor, coords: torch.Tensor, batch_size: int, tensor_stride: int = 1):
-    """Voxels from int32 (b, x, y, z) rows grouped by batch; x, y, z in units of `tensor_stride`."""
-    from warpconvnet.geometry.types.voxels import Voxels
+def layout(coords: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y, z int32 [N, 3], host offsets [B + 1]) of int32 (b, x, y, z) rows grouped by batch.
 
+    Computed once per set of coordinates, as a user's data loader hands them over: built inside
+    every call, it put a copy kernel and a bincount read back to the host (a sync) into each timed
+    "fresh" call, which the standalone twin (and a WarpConvNet user) does not pay."""
     counts = torch.bincount(coords[:, 0].long(), minlength=batch_size).cpu()
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return Voxels(coords[:, 1:].int().contiguous(), feats, offsets=offsets, tensor_stride=tensor_stride)
+    return coords[:, 1:].int().contiguous(), offsets
+
+
+def voxels(feats: torch.Tensor, coords: torch.Tensor, batch_size: int, tensor_stride: int = 1, rows=None):
+    """Voxels from int32 (b, x, y, z) rows grouped by batch; x, y, z in units of `tensor_stride`.
+    `rows`: their `layout`, when computed before (else computed here)."""
+    from warpconvnet.geometry.types.voxels import Voxels
+
+    xyz, offsets = rows or layout(coords, batch_size)
+    return Voxels(xyz, feats, offsets=offsets, tensor_stride=tensor_stride)
 
 
 # WarpConvNet 1.8.2 has no TF32 switch: its default ("auto") algorithm pool runs fp32 tensors through
@@ -96,9 +107,12 @@ class WarpConvNetBackend(Backend):
 
         self.conv_types = (SparseConv3d,)
         self.exact_fp32 = exact_fp32  # see EXACT_FP32_ALGOS
+        self._rows_of, self._rows = None, None
 
     def tensor(self, feats, coords, batch_size):
-        return voxels(feats, coords, batch_size)
+        if self._rows_of is not coords:  # once per scene (see `layout`)
+            self._rows_of, self._rows = coords, layout(coords, batch_size)
+        return voxels(feats, coords, batch_size, rows=self._rows)
 
     def conv(self, cin, cout, kernel_size, stride, transposed, key):
         from warpconvnet.nn.modules.sparse_conv import SparseConv3d
@@ -143,12 +157,16 @@ def layer_case(setup: LayerSetup) -> Prepared:
         with torch.no_grad():
             coarse = down(fine)
         coarse_coords = coarse.batch_indexed_coordinates.int()
+        coarse_rows, fine_rows = layout(coarse_coords, bs), layout(scene.coords, bs)
         inputs = [prepare.reorder(f, setup.in_coords.long(), keys(coarse, 2)) for f in setup.inputs]
 
         def make_input(f):
             if spec["map"] == "cached":
                 return coarse.replace_features(f), fine
-            return voxels(f, coarse_coords, bs, tensor_stride=2), voxels(zeros, scene.coords, bs)
+            return (
+                voxels(f, coarse_coords, bs, tensor_stride=2, rows=coarse_rows),
+                voxels(zeros, scene.coords, bs, rows=fine_rows),
+            )
 
         def apply(f):
             x, target = make_input(f)
@@ -156,12 +174,14 @@ def layer_case(setup: LayerSetup) -> Prepared:
 
         out_stride = 1
     else:
-        base = voxels(setup.inputs[0], scene.coords, bs)
+        rows = layout(scene.coords, bs)
+        base = voxels(setup.inputs[0], scene.coords, bs, rows=rows)
         inputs = setup.inputs
 
         def apply(f):
-            x = base.replace_features(f) if spec["map"] == "cached" else voxels(f, scene.coords, bs)
-            return conv(x)
+            if spec["map"] == "cached":
+                return conv(base.replace_features(f))
+            return conv(voxels(f, scene.coords, bs, rows=rows))
 
         out_stride = OPS[spec["op"]].stride
     with torch.no_grad():

@@ -9,29 +9,38 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.standalone.loop import report, time_call
+from benchmarks.standalone.loop import feature_copies, report
 from benchmarks.workloads.voxels import load_scene
 
 C = 64
 
 
-def voxel_cases(scene) -> dict[str, dict]:
+def voxel_cases(scene) -> dict:
     import spconv.pytorch as spconv
 
     coords = scene.coords.int()
     # The harness's grid: max + 1 rounded up to a multiple of 16, computed once before timing (a
     # per-call `.tolist()` would add a host sync that a user who knows the scene's extent skips).
     shape = [(int(v) + 16) // 16 * 16 for v in coords[:, 1:].max(0).values.tolist()]
-    feats = torch.randn(len(coords), C, device="cuda", dtype=torch.half)
+    feats = feature_copies(len(coords), C, torch.half)
     subm = spconv.SubMConv3d(C, C, 3, padding=1, bias=False, indice_key="subm1").cuda().half().eval()
     down = spconv.SparseConv3d(C, C, 2, stride=2, bias=False).cuda().half().eval()
-    out = {}
     with torch.no_grad():
-        y = subm(spconv.SparseConvTensor(feats, coords, shape, 1))  # builds the "subm1" pairs
-        out["subm3-cached"] = time_call(lambda: subm(y.replace_feature(feats)))
-        out["subm3-fresh"] = time_call(lambda: subm(spconv.SparseConvTensor(feats, coords, shape, 1)))
-        out["down2-fresh"] = time_call(lambda: down(spconv.SparseConvTensor(feats, coords, shape, 1)))
-    return out
+        y = subm(spconv.SparseConvTensor(next(feats), coords, shape, 1))  # builds the "subm1" pairs
+
+    @torch.no_grad()
+    def subm_cached():
+        return subm(y.replace_feature(next(feats)))
+
+    @torch.no_grad()
+    def subm_fresh():
+        return subm(spconv.SparseConvTensor(next(feats), coords, shape, 1))
+
+    @torch.no_grad()
+    def down_fresh():
+        return down(spconv.SparseConvTensor(next(feats), coords, shape, 1))
+
+    return {"subm3-cached": subm_cached, "subm3-fresh": subm_fresh, "down2-fresh": down_fresh}
 
 
 def main() -> None:
