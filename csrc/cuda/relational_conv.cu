@@ -210,9 +210,15 @@ void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t s
     // / 203) beat 3 stages (55 / 32, 147 / 74, 412 / 203), 32-wide steps in 3 or 4 stages (within 2%
     // of 3 stages) and 128-row tiles (64 / 40, 161 / 85): the fewer the stages, the more blocks fit
     // per SM, and at 64-wide steps two stages already cover the gather latency.
+    // Past C_out 64, 8-warp 128 x 128 tiles (each gathered row feeds twice the columns) beat the
+    // 4-warp 64 x 128 tile once the rank-and-Gray table order came in (same scans, us): at C128 with
+    // 64 x 32 warp tiles 119 / 63 against 129 / 69 (32 x 64: 120 / 66); at C256 with 32 x 64 warp
+    // tiles 323 / 181 against 357 / 178 (64 x 32: 324 / 187; 64 x 256: 341 / 208; BK 32 in 3 or 4
+    // stages: 355-365 / 190-204).
     if (a.cin_g >= 64 && a.cout_g > 32) {
       if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, 64, 32, 32>, 2>(a, stream);
-      return launch_forward_table_mma<T, Idx, Tiles<64, 128, 64, 32, 64>, 2>(a, stream);
+      if (a.cout_g <= 128) return launch_forward_table_mma<T, Idx, Tiles<128, 128, 64, 64, 32>, 2>(a, stream);
+      return launch_forward_table_mma<T, Idx, Tiles<128, 128, 64, 32, 64>, 2>(a, stream);
     }
     constexpr int S = 4;
     if (a.cout_g <= 16) return launch_forward_table_mma<T, Idx, Tiles<64, 16, 32, 16, 16>, S>(a, stream);

@@ -122,8 +122,11 @@ def grouped_weight(num_relations, groups, cin_g, cout_g, dtype, seed=1):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("groups", [1, 2])
 # Per-group channels: odd widths (scalar loads), 64 (16-byte / cp.async loads), 40 (vector loads
-# with a partial last K chunk), 130 (two output-channel tiles, partial K chunk).
-@pytest.mark.parametrize("cin_g,cout_g", [(3, 17), (17, 3), (64, 64), (40, 24), (130, 130)])
+# with a partial last K chunk), 130 (two output-channel tiles, partial K chunk), 128 and 256 (the
+# whole-tile 128 x 128 tensor-core configurations).
+@pytest.mark.parametrize(
+    "cin_g,cout_g", [(3, 17), (17, 3), (64, 64), (40, 24), (130, 130), (128, 128), (64, 256), (256, 256)]
+)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_neighbor_table_forward_and_gradients(deterministic, dtype, index_dtype, groups, cin_g, cout_g):
     rmap = unique_slot_map(300, 333, 27, 0.3, index_dtype)
