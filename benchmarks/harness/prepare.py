@@ -16,7 +16,8 @@ from benchmarks.harness.timing import rotation_count
 
 
 def set_tf32(enabled: bool) -> None:
-    """TF32 on or off for matmuls and cuDNN, left that way (every timed call sets what it needs)."""
+    """TF32 on or off for matmuls and cuDNN, left that way (every timed call sets what it needs).
+    Set only on a change: this runs inside timed calls, and the setters cost microseconds."""
     if torch.backends.cuda.matmul.allow_tf32 != enabled or torch.backends.cudnn.allow_tf32 != enabled:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
 
@@ -26,10 +27,8 @@ def precision(dtype_name: str, device: torch.device, autocast: bool = False):
     """TF32 on only for "tf32"; autocast to fp16/bf16 when asked (end-to-end mixed precision)."""
     old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     want = dtype_name == "tf32"
-    # Set only on a change: this runs inside every timed call, and the setters cost microseconds.
     switch = old != (want, want)
-    if switch:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = want
+    set_tf32(want)
     try:
         if autocast and dtype_name in ("fp16", "bf16"):
             with torch.autocast(device.type, dtype=DTYPES[dtype_name]):

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   T* As = reinterpret_cast<T*>(smem);
   T* Bs = As + BM * kLdA;
   const int warp = threadIdx.x / 32, wm = warp / (BN / WN), wn = warp % (BN / WN);
-  WmmaWarpTile<T, WM, WN, nvcuda::wmma::row_major> tile;
+  WmmaWarpTile<T, WM, WN> tile;
   tile.zero();
   const T* w = a.weight + (t.relation * a.groups + g) * int64_t{a.cin_g} * a.cout_g;
   const int cin = a.cin_g, cout = a.cout_g;

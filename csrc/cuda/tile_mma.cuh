@@ -11,10 +11,10 @@
 namespace relconv::cuda {
 
 // One warp owns a WM x WN block of C as (WM/16) x (WN/16) 16x16 fp32 accumulator fragments.
-// ALayout row_major: A(m, k) at a[m * lda + k]; col_major: A(m, k) at a[k * lda + m].
+// A is row-major: A(m, k) at a[m * lda + k].
 // WMMA needs every fragment pointer 32-byte aligned and lda/ldb multiples of 8 elements: the callers'
 // shared-memory strides are chosen so (16 rows * stride * 2 bytes is always a multiple of 32).
-template <typename T, int WM, int WN, typename ALayout>
+template <typename T, int WM, int WN>
 struct WmmaWarpTile {
   static constexpr int kFragsM = WM / 16, kFragsN = WN / 16;
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be whole 16x16 fragments");
@@ -30,14 +30,13 @@ struct WmmaWarpTile {
   // a, b point at this warp's (m, k = 0) and (k = 0, n) origins in shared memory.
   template <int BK>
   __device__ __forceinline__ void mma(const T* a, int lda, const T* b, int ldb) {
-    constexpr bool kRowMajorA = std::is_same_v<ALayout, nvcuda::wmma::row_major>;
 #pragma unroll
     for (int k = 0; k < BK; k += 16) {
-      nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, ALayout> fa[kFragsM];
+      nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major> fa[kFragsM];
       nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::row_major> fb[kFragsN];
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i)
-        nvcuda::wmma::load_matrix_sync(fa[i], kRowMajorA ? a + i * 16 * lda + k : a + k * lda + i * 16, lda);
+        nvcuda::wmma::load_matrix_sync(fa[i], a + i * 16 * lda + k, lda);
 #pragma unroll
       for (int j = 0; j < kFragsN; ++j) nvcuda::wmma::load_matrix_sync(fb[j], b + k * ldb + j * 16, ldb);
 #pragma unroll
