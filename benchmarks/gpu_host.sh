@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_
 declare -A STEPS=(
   # The deselected tests check argument errors whose messages format a number: on the GPU host any
   # C++ extension built against its torch segfaults there (tests/gpu_host/check_extension_errors.py).
-  [test]="python -m pytest -q -m cuda tests -p no:cacheprovider --deselect tests/voxel/test_table_order.py::test_order_shape_and_dtype_are_checked --deselect tests/ops/test_transposed_table_args.py"
+  [test]="python -m pytest -q -m cuda tests -p no:cacheprovider --deselect tests/voxel/test_table_order.py::test_order_shape_and_dtype_are_checked --deselect tests/ops/test_transposed_table_args.py --deselect tests/ops/test_padded_pairs_cuda.py::test_table_pairs_checks_its_argument"
   [test-all]="python -m pytest -q tests -p no:cacheprovider"
   [bench-ops]="python -m benchmarks.ops.bench_relational_conv --device cuda --out $OUT/ops"
   [bench-voxel]="python -m benchmarks.voxel.bench_layers --device cuda --out $OUT/voxel"

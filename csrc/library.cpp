@@ -34,6 +34,10 @@
 //   transposed_order  optional [num_in] (table dtype): transposed_table's schedule order, as
 //            table_order is neighbor_table's (a permutation; needs transposed_table).
 //   neighbor_table_order(table) -> [num_out] permutation sorting rows by their occupied slots.
+//   table_pairs(table) -> (in_index, out_index, rel_ptr): CUDA only, no host sync; the table's pairs
+//            in (relation, out) order padded with -1 to num_out * R entries (rel_ptr[R] of them are
+//            pairs; the host never learns how many). Every op above takes pairs padded this way:
+//            the kernels read pairs only through rel_ptr.
 //
 // Kernel-map builders (CUDA only; the CPU path builds maps in torch, relconv/voxel/kernel_map.py).
 // Coordinates are [N, 4] int32 (batch, x, y, z) rows.
@@ -66,6 +70,7 @@ TORCH_LIBRARY(relconv, m) {
       "int[3] step, ScalarType dtype) -> Tensor");
   m.def("transpose_neighbor_table(Tensor table, int num_in) -> Tensor");
   m.def("neighbor_table_order(Tensor table) -> Tensor");
+  m.def("table_pairs(Tensor table) -> (Tensor, Tensor, Tensor)");
   m.def("strided_coords(Tensor coords, int[3] step, Tensor? input_error=None) -> Tensor");
 }
 

@@ -95,26 +95,27 @@ struct TableColumn {
   }
 };
 
-// Tensor-core variant (half / bfloat16, sm_80+), a multistage implicit GEMM.
+// Tensor-core variant (sm_80+), a multistage implicit GEMM: half / bfloat16, and float in TF32 mode
+// (operands rounded to TF32, fp32 accumulation; the launcher takes it only when TF32 is allowed).
 //
 // Rows: tile row i is output order[m0 + i] (table_order: relconv sorts outputs by their occupied
 // relations, so the rows of a tile share relations and fewer (tile, relation) blocks are computed for
 // rows that have no neighbour there; without an order, output m0 + i).
 // Relations are taken in chunks of kRelChunk: the block reads its rows' table entries for the chunk
 // into shared memory once, with the set of relations any row uses, then runs a flat sequence of
-// steps (busy relation, BK-wide C_in chunk). kStages shared-memory stages of A [BM][BK+8] (gathered
-// x rows, zero rows where there is no neighbour) and B [BK][BN+8] (W[r] slab) form a cp.async
+// steps (busy relation, BK-wide C_in chunk). kStages shared-memory stages of A [BM][BK+pad] (gathered
+// x rows, zero rows where there is no neighbour; pad = 16 bytes) and B [BK][BN+8] (W[r] slab) form a cp.async
 // pipeline: step t + kStages - 1 is in flight while step t is multiplied, one barrier per step.
 // kFull (C_in_g a multiple of BK, C_out_g of BN, 16-byte rows: every tile row wholly in or out) loads
 // with FixedChunkLoader; otherwise load_rows_async handles partial tiles, and rows that do not meet
 // the 16-byte preconditions are loaded synchronously into the stage.
-// Warps form a (BM/WM) x (BN/WN) grid of mma.sync m16n8k16 tiles; the epilogue stores pairs of
+// Warps form a (BM/WM) x (BN/WN) grid of mma.sync tiles (MmaWarpTile); the epilogue stores pairs of
 // output elements straight from the accumulators.
 constexpr int kRelChunk = 32;
 
 template <typename T, int BM, int BN, int BK, int kStages>
 struct TableMmaSmem {
-  static constexpr int kLdA = BK + 8, kLdB = BN + 8;
+  static constexpr int kLdA = BK + kVecElems<T>, kLdB = BN + 8;  // see MmaWarpTile on padding
   static constexpr int kStage = BM * kLdA + BK * kLdB;  // elements
   static constexpr int kStageBytes = kStage * static_cast<int>(sizeof(T));
   static constexpr int kRowsBytes = BM * kRelChunk * static_cast<int>(sizeof(int32_t));
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   tile.for_each_pair([&](int m, int n, float v0, float v1) {
     const int64_t o = s_out[wm * WM + m];
     const int c = col0 + n;
-    if constexpr (kFull) {  // whole tiles: every column exists and pairs are 4-byte aligned
+    if constexpr (kFull) {  // whole tiles: every column exists and pairs are aligned (vec_out2)
       if (o >= 0) store_pair(out + o * ldo + c, epilogue(v0, bias, c, a.relu), epilogue(v1, bias, c + 1, a.relu));
       return;
     }

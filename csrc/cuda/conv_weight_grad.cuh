@@ -10,6 +10,7 @@
 // (`partial` null), or stores it to `partial[tile]`, and weight_grad_reduce sums the tiles of each
 // relation in tile order: the deterministic mode, bitwise reproducible.
 #include <cstdint>
+#include <type_traits>
 
 #include "numeric.cuh"
 #include "tile_load.cuh"
@@ -25,11 +26,11 @@ struct WeightGradArgs {
   const Idx* in_index;     // [P]
   const Idx* out_index;    // [P]
   const int64_t* rel_ptr;  // [R + 1]
-  const int64_t* tile_ptr; // [R + 1], from relation_tile_offsets with pairs_per_tile
+  const int64_t* tile_ptr; // [R + 2], from relation_tile_offsets (tile_ptr[R + 1]: pairs per tile)
   const acc_t<T>* scale;   // [P] or nullptr
   acc_t<T>* dw;            // [R, groups, cin_g, cout_g], zero-initialised (atomic mode)
   acc_t<T>* partial;       // [tiles, groups, cin_g, cout_g] per-tile sums (deterministic mode), or nullptr
-  int64_t num_in, num_out, num_pairs, num_relations, pairs_per_tile;
+  int64_t num_in, num_out, num_pairs, num_relations;
   int groups, cin_g, cout_g, n_tiles;
   bool vec_x, vec_g;       // 16-byte vector loads allowed for x rows / grad_out rows
 };
@@ -57,8 +58,8 @@ struct SlabScale {
   }
 };
 
-// Tensor-core variant (half / bfloat16, sm_80+): a kStages-deep cp.async pipeline over the tile's K
-// steps feeding mma.sync m16n8k16 (A k-major through the transposing ldmatrix). Each thread copies the
+// Tensor-core variant (sm_80+; half / bfloat16, and float in TF32 mode): a kStages-deep cp.async
+// pipeline over the tile's K steps feeding mma.sync (MmaWarpTile, A k-major). Each thread copies the
 // same 16-byte chunk column of fixed rows of both operands in every step (FixedChunkLoader; BM == BN
 // so the x and grad_out tiles share the mapping), and fetches the pair indices of its rows one step
 // ahead into registers, so the index loads overlap a step of MMA instead of stalling the copies.
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   float* s_scale = reinterpret_cast<float*>(smem + kStages * Smem::kStageBytes);  // [kStages][BK]
 
   const PairTile t =
-      locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.pairs_per_tile, blockIdx.x);
+      locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.tile_ptr[a.num_relations + 1], blockIdx.x);
   if (!t.valid) return;
   const int g = blockIdx.z, m0 = (blockIdx.y / a.n_tiles) * BM, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
@@ -162,13 +163,23 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     if (a.scale) {
       const float* sc = s_scale + stage * BK;
       tile.template mma<BK, true>(As + wm * WM, kLdA, Bs + wn * WN, kLdB, [&](int k, auto& fb) {
-        // Fragment rows of this thread: k + 2 tig (+1) in register 0, k + 8 + 2 tig (+1) in register 1.
-        const float s0 = sc[k + 2 * tig], s1 = sc[k + 2 * tig + 1], s8 = sc[k + 8 + 2 * tig],
-                    s9 = sc[k + 9 + 2 * tig];
+        if constexpr (std::is_same_v<T, float>) {
+          // TF32 fragment rows of this thread: k + tig in register 0, k + tig + 4 in register 1.
+          const float s0 = sc[k + tig], s4 = sc[k + tig + 4];
 #pragma unroll
-        for (int j = 0; j < MmaWarpTile<T, WM, WN>::kTilesN; ++j) {
-          fb[j][0] = scale_pair<T>(fb[j][0], s0, s1);
-          fb[j][1] = scale_pair<T>(fb[j][1], s8, s9);
+          for (int j = 0; j < MmaWarpTile<T, WM, WN>::kTilesN; ++j) {
+            fb[j][0] = __float_as_uint(__uint_as_float(fb[j][0]) * s0);
+            fb[j][1] = __float_as_uint(__uint_as_float(fb[j][1]) * s4);
+          }
+        } else {
+          // Fragment rows of this thread: k + 2 tig (+1) in register 0, k + 8 + 2 tig (+1) in register 1.
+          const float s0 = sc[k + 2 * tig], s1 = sc[k + 2 * tig + 1], s8 = sc[k + 8 + 2 * tig],
+                      s9 = sc[k + 9 + 2 * tig];
+#pragma unroll
+          for (int j = 0; j < MmaWarpTile<T, WM, WN>::kTilesN; ++j) {
+            fb[j][0] = scale_pair<T>(fb[j][0], s0, s1);
+            fb[j][1] = scale_pair<T>(fb[j][1], s8, s9);
+          }
         }
       });
     } else {
@@ -209,7 +220,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), 2)
   __shared__ __align__(16) T Bs[BK * kLdB];
 
   const PairTile t =
-      locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.pairs_per_tile, blockIdx.x);
+      locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.tile_ptr[a.num_relations + 1], blockIdx.x);
   if (!t.valid) return;
   const int g = blockIdx.z, m0 = (blockIdx.y / a.n_tiles) * BM, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <limits>
 #include <optional>
@@ -167,6 +168,44 @@ at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in
   return out;
 }
 
+// The pairs of a neighbour table [num_out, R] for the pair kernels, without a host sync: in_index
+// and out_index have num_out * R entries (the most a table can hold), the first rel_ptr[R] of them
+// the pairs in (relation, out) order and the rest -1. Every relconv kernel reads pairs only through
+// rel_ptr, so the padding is never touched; its length is all the host needs for launch bounds.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> table_pairs_cuda(const at::Tensor& table) {
+  TORCH_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
+  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
+                    "table must be int32 or int64, got ", table.scalar_type());
+  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
+  const int64_t n = table.size(0), r = table.size(1), capacity = n * r;
+  TORCH_CHECK_VALUE(table.scalar_type() == at::kLong || capacity <= std::numeric_limits<int32_t>::max(),
+                    "an int32 table holds at most 2^31 - 1 entries, got ", n, " x ", r);
+  const c10::cuda::CUDAGuard guard(table.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor t = table.contiguous();
+  at::Tensor in_index = memset_tensor({capacity}, t.options(), kAllOnes, stream);
+  at::Tensor out_index = memset_tensor({capacity}, t.options(), kAllOnes, stream);
+  at::Tensor rel_ptr = memset_tensor({r + 1}, t.options().dtype(at::kLong), 0, stream);
+  if (capacity == 0) return {in_index, out_index, rel_ptr};
+  at::Tensor positions = at::empty({capacity}, t.options());
+  AT_DISPATCH_INDEX_TYPES(t.scalar_type(), "table_pairs", [&] {
+    const unsigned blocks = blocks_for(capacity);
+    cuda::table_hit_flags_kernel<index_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
+        t.const_data_ptr<index_t>(), n, r, positions.mutable_data_ptr<index_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    size_t temp_bytes = 0;
+    index_t* pos = positions.mutable_data_ptr<index_t>();
+    C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, temp_bytes, pos, pos, capacity, stream));
+    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, t.options().dtype(at::kByte));
+    C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp.mutable_data_ptr(), temp_bytes, pos, pos, capacity, stream));
+    cuda::table_pairs_kernel<index_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
+        t.const_data_ptr<index_t>(), pos, n, r, in_index.mutable_data_ptr<index_t>(),
+        out_index.mutable_data_ptr<index_t>(), rel_ptr.mutable_data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {in_index, out_index, rel_ptr};
+}
+
 // Rows of a neighbour table sorted by their occupied relations: the table_order of the
 // output-stationary kernel. Keys in two passes (occupancy_keys_kernel, then ranked_gray_keys_kernel:
 // masks with the rarest relations in the high bits, in Gray order), then a stable radix sort over
@@ -289,6 +328,7 @@ TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
   m.impl("kernel_map_table", &kernel_map_table_cuda);
   m.impl("transpose_neighbor_table", &transpose_neighbor_table_cuda);
   m.impl("neighbor_table_order", &neighbor_table_order_cuda);
+  m.impl("table_pairs", &table_pairs_cuda);
   m.impl("strided_coords", &strided_coords_cuda);
 }
 

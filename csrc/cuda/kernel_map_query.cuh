@@ -63,6 +63,36 @@ __global__ void transpose_table_kernel(const Idx* __restrict__ table, int64_t nu
   transposed[static_cast<int64_t>(row) * volume + (t - o * volume)] = static_cast<Idx>(o);
 }
 
+// Pair lists of a table without a host sync (table_pairs): entries are taken relation-major, entry
+// e = r * num_out + o reading table[o, r], so that an inclusive scan of the hit flags gives every hit
+// its slot in the (relation, out) order of RelationalMap's pairs.
+template <typename Idx>
+__global__ void table_hit_flags_kernel(const Idx* __restrict__ table, int64_t num_out, int64_t num_relations,
+                                       Idx* __restrict__ flags) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= num_out * num_relations) return;
+  const int64_t r = e / num_out, o = e - r * num_out;
+  flags[e] = table[o * num_relations + r] >= 0 ? 1 : 0;
+}
+
+// Scatters each hit to its slot (positions = inclusive scan of the flags) and writes rel_ptr from
+// the scan's value at the end of each relation.
+template <typename Idx>
+__global__ void table_pairs_kernel(const Idx* __restrict__ table, const Idx* __restrict__ positions,
+                                   int64_t num_out, int64_t num_relations, Idx* __restrict__ in_index,
+                                   Idx* __restrict__ out_index, int64_t* __restrict__ rel_ptr) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= num_out * num_relations) return;
+  const int64_t r = e / num_out, o = e - r * num_out;
+  if (e == 0) rel_ptr[0] = 0;
+  if (o == num_out - 1) rel_ptr[r + 1] = positions[e];
+  const Idx row = table[o * num_relations + r];
+  if (row < 0) return;
+  const int64_t slot = static_cast<int64_t>(positions[e]) - 1;
+  in_index[slot] = row;
+  out_index[slot] = static_cast<Idx>(o);
+}
+
 // The schedule order of the output-stationary kernel (neighbor_table_order) sorts rows by a key
 // built from the row's occupancy mask over the first kOrderKeyBits relations, in two passes:
 //   1. occupancy_keys_kernel: mask bit r = relation r has an input, plus how many rows use each

@@ -40,12 +40,16 @@ __device__ __forceinline__ float from_acc<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ double from_acc<double>(double v) { return v; }
 
-// Stores two adjacent half / bfloat16 elements with one 4-byte store (p must be 4-byte aligned).
+// Stores two adjacent elements with one 4-byte (half / bfloat16) or 8-byte (float) store; p must be
+// aligned to that size.
 __device__ __forceinline__ void store_pair(__half* p, float v0, float v1) {
   *reinterpret_cast<__half2*>(p) = __floats2half2_rn(v0, v1);
 }
 __device__ __forceinline__ void store_pair(__nv_bfloat16* p, float v0, float v1) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+}
+__device__ __forceinline__ void store_pair(float* p, float v0, float v1) {
+  *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
 }
 
 // Two packed half / bfloat16 elements (low half first, as in an mma.sync fragment register) times

@@ -63,15 +63,19 @@ void allow_dynamic_smem(int bytes) {
   (void)opted_in;
 }
 
-// Upper bound on the number of tiles (see tile_schedule.cuh) and the device-side tile offsets.
-int64_t schedule_tiles(const at::Tensor& rel_ptr, int64_t num_pairs, int64_t pairs_per_tile, at::Tensor& tile_ptr,
-                       cudaStream_t stream) {
+// Device-side tile offsets (see tile_schedule.cuh) into `tile_ptr` ([R + 2]), and the block count
+// that covers them. Fixed tiles (target_tiles == 0): ceil(P / pairs_per_tile) + R blocks, P being
+// the pair arrays' length (an upper bound of rel_ptr[R]). Device-sized tiles: target_tiles + R.
+int64_t schedule_tiles(const at::Tensor& rel_ptr, int64_t num_pairs, int64_t pairs_per_tile, int64_t target_tiles,
+                       int64_t granule, at::Tensor& tile_ptr, cudaStream_t stream) {
   const int64_t num_rel = rel_ptr.numel() - 1;
-  tile_ptr = at::empty({num_rel + 1}, rel_ptr.options());
+  tile_ptr = at::empty({num_rel + 2}, rel_ptr.options());
   cuda::relation_tile_offsets<<<1, cuda::kScheduleThreads, 0, stream>>>(
-      rel_ptr.const_data_ptr<int64_t>(), num_rel, num_pairs, pairs_per_tile, tile_ptr.mutable_data_ptr<int64_t>());
+      rel_ptr.const_data_ptr<int64_t>(), num_rel, num_pairs, pairs_per_tile, target_tiles, granule,
+      tile_ptr.mutable_data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t bound = (num_pairs + pairs_per_tile - 1) / pairs_per_tile + num_rel;
+  const int64_t bound =
+      (target_tiles > 0 ? target_tiles : (num_pairs + pairs_per_tile - 1) / pairs_per_tile) + num_rel;
   TORCH_CHECK(bound <= std::numeric_limits<int32_t>::max(), "relconv: ", num_pairs, " pairs over ", num_rel,
               " relations need more than 2^31 - 1 thread blocks");
   return bound;
@@ -117,7 +121,7 @@ struct Tiles {
 template <typename T, typename Idx, typename Cfg, bool kTensorCores>
 void launch_forward(cuda::ConvForwardArgs<T, Idx> a, const at::Tensor& rel_ptr, cudaStream_t stream) {
   at::Tensor tile_ptr;
-  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, Cfg::BM, tile_ptr, stream);
+  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, Cfg::BM, 0, 1, tile_ptr, stream);
   a.tile_ptr = tile_ptr.const_data_ptr<int64_t>();
   a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
   const int64_t y = int64_t{a.n_tiles} * a.groups;
@@ -202,8 +206,28 @@ void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream
 // Output rows are owned by one block each, so there is no atomic traffic to amortise with tall
 // tiles: 64-row tiles give more blocks and a finer grain for skipping relations. Tensor-core tiles
 // keep 4 warps and 16-64 accumulators per thread.
+// TF32 mode of float (allowed by torch.backends.cuda.matmul.allow_tf32): the 16-bit configurations
+// below with K steps of the same bytes (half as many elements), so every stage and load has the
+// 16-bit layout's size and mapping.
+template <typename Idx>
+void forward_table_tf32_by_width(const cuda::ConvTableArgs<float, Idx>& a, cudaStream_t stream) {
+  if (a.cin_g >= 64 && a.cout_g > 32) {
+    if (a.cout_g <= 64) return launch_forward_table_mma<float, Idx, Tiles<64, 64, 32, 32, 32>, 2>(a, stream);
+    if (a.cout_g <= 128) return launch_forward_table_mma<float, Idx, Tiles<128, 128, 32, 64, 32>, 2>(a, stream);
+    return launch_forward_table_mma<float, Idx, Tiles<128, 128, 32, 32, 64>, 2>(a, stream);
+  }
+  constexpr int S = 4;
+  if (a.cout_g <= 16) return launch_forward_table_mma<float, Idx, Tiles<64, 16, 16, 16, 16>, S>(a, stream);
+  if (a.cout_g <= 32) return launch_forward_table_mma<float, Idx, Tiles<64, 32, 16, 32, 16>, S>(a, stream);
+  if (a.cout_g <= 64) return launch_forward_table_mma<float, Idx, Tiles<64, 64, 16, 32, 32>, S>(a, stream);
+  return launch_forward_table_mma<float, Idx, Tiles<64, 128, 16, 32, 64>, S>(a, stream);
+}
+
 template <typename T, typename Idx>
-void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
+void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (tf32) return forward_table_tf32_by_width<Idx>(a, stream);
+  }
   if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
     // Measured on an H100 (profiled kernel time, cached subm 3^3, 64-beam scan / real scan, whole-tile
     // loads): with C_in >= 64 a 64-wide K step in 2 stages (C64 51 / 29 us, C128 139 / 75, C256 390
@@ -248,14 +272,19 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
   }
   check_int32_channels(s);
   const bool half = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
+  // mma.sync and cp.async need sm_80+; the tensor-core kernel keeps input rows as int32 in shared memory.
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  const bool rows_fit = x.size(0) <= std::numeric_limits<int32_t>::max();
   if (half) {
-    // mma.sync m16n8k16 and cp.async; the tensor-core kernel keeps input rows as int32 in shared memory.
-    const auto* prop = at::cuda::getCurrentDeviceProperties();
     TORCH_CHECK(prop->major >= 8, "relconv's fp16/bf16 output-stationary kernel needs compute capability 8.0+, got ",
                 prop->major, ".", prop->minor, "; use dataflow=Dataflow.FETCH_ON_DEMAND");
-    TORCH_CHECK(x.size(0) <= std::numeric_limits<int32_t>::max(),
-                "relconv: the fp16/bf16 output-stationary kernel takes at most 2^31 - 1 input rows, got ", x.size(0));
+    TORCH_CHECK(rows_fit, "relconv: the fp16/bf16 output-stationary kernel takes at most 2^31 - 1 input rows, got ",
+                x.size(0));
   }
+  // fp32 runs on TF32 tensor cores when torch allows TF32 matmuls, like torch's own matmul; otherwise
+  // (and where the tensor-core kernel cannot run) it stays exact on the SIMT kernel.
+  const bool tf32 =
+      x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS() && prop->major >= 8 && rows_fit;
   at::Tensor out = at::empty({num_out, s.groups * s.cout_g}, x.options());
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), tc = table.contiguous();
   const std::optional<at::Tensor> oc = order.has_value() ? std::optional(order->contiguous()) : std::nullopt;
@@ -281,8 +310,8 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.cout_g = static_cast<int>(s.cout_g);
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
     a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
-    a.vec_out2 = s.cout_g % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % 4 == 0;
-    forward_table_by_width<T, Idx>(a, stream);
+    a.vec_out2 = s.cout_g % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * sizeof(T)) == 0;
+    forward_table_by_width<T, Idx>(a, tf32, stream);
   });
   return out;
 }
@@ -344,18 +373,15 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
 
 // ---------------------------------------------------------------- weight gradient
 
-// Pairs per tile, from a target block count: tiles are equal-sized, so for the pipelined tensor-core
+// Tiles per launch, from a target block count: tiles are equal-sized, so for the pipelined tensor-core
 // kernel one wave of about four resident blocks per SM is balanced, and fewer, longer tiles amortise
 // its pipeline fill and epilogue; the SIMT kernel keeps its measured 2048 blocks. The deterministic
-// mode also caps its per-tile workspace at kMaxWorkspaceBytes.
+// mode also caps its per-tile workspace at kMaxWorkspaceBytes. The tile size itself is set on the
+// device from the pair count (relation_tile_offsets), which the host does not know for padded pairs.
 constexpr int64_t kMaxWorkspaceBytes = int64_t{32} << 20;
 
-int64_t weight_grad_pairs_per_tile(int64_t num_pairs, int64_t target_blocks, int64_t blocks_per_tile, int bk,
-                                   int64_t max_tiles) {
-  const int64_t tiles = std::clamp<int64_t>(target_blocks / std::max<int64_t>(1, blocks_per_tile), 1,
-                                            std::max<int64_t>(1, max_tiles));
-  const int64_t per_tile = (num_pairs + tiles - 1) / tiles;
-  return std::max<int64_t>(1, (per_tile + bk - 1) / bk) * bk;
+int64_t weight_grad_target_tiles(int64_t target_blocks, int64_t blocks_per_tile, int64_t max_tiles) {
+  return std::clamp<int64_t>(target_blocks / std::max<int64_t>(1, blocks_per_tile), 1, std::max<int64_t>(1, max_tiles));
 }
 
 // Launches one weight-gradient kernel over every relation and returns dW in x's dtype. Deterministic
@@ -375,9 +401,9 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
                                           : std::numeric_limits<int64_t>::max();
   const int64_t target_blocks =
       kTensorCores ? 4 * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
-  a.pairs_per_tile = weight_grad_pairs_per_tile(a.num_pairs, target_blocks, y * a.groups, Cfg::BK, max_tiles);
+  const int64_t target_tiles = weight_grad_target_tiles(target_blocks, y * a.groups, max_tiles);
   at::Tensor tile_ptr;
-  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, a.pairs_per_tile, tile_ptr, stream);
+  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, 0, target_tiles, Cfg::BK, tile_ptr, stream);
   a.tile_ptr = tile_ptr.const_data_ptr<int64_t>();
   at::Tensor buffer;
   if (deterministic) {
@@ -414,9 +440,24 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
 // Tensor cores (16-byte rows): square tiles as wide as the channels, 4 warps (8 at C >= 128, whose
 // 128 x 128 tile gathers each pair's rows once instead of twice), 32 pairs per K step. Other rows,
 // and float / double, take the SIMT kernel.
+// float in TF32 mode (torch.backends.cuda.matmul.allow_tf32) takes the tensor-core kernel with K steps
+// of the 16-bit configurations' bytes (16 rows).
 template <typename T, typename Idx>
 at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at::Tensor& rel_ptr, bool deterministic,
                                 const at::TensorOptions& opts, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.vec_x && a.vec_g && at::globalContext().allowTF32CuBLAS() &&
+        at::cuda::getCurrentDeviceProperties()->major >= 8) {
+      if (a.cin_g <= 32 && a.cout_g <= 32) {
+        return launch_weight_grad<T, Idx, Tiles<32, 32, 16, 16, 16>, 4, true>(a, rel_ptr, deterministic, opts, stream);
+      }
+      if (a.cin_g >= 128 && a.cout_g >= 128) {
+        return launch_weight_grad<T, Idx, Tiles<128, 128, 16, 64, 32>, 3, true>(a, rel_ptr, deterministic, opts,
+                                                                               stream);
+      }
+      return launch_weight_grad<T, Idx, Tiles<64, 64, 16, 32, 32>, 4, true>(a, rel_ptr, deterministic, opts, stream);
+    }
+  }
   if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
     // mma.sync m16n8k16 and cp.async need sm_80+; older GPUs take the SIMT kernel below.
     if (a.vec_x && a.vec_g && at::cuda::getCurrentDeviceProperties()->major >= 8) {

@@ -1,7 +1,8 @@
 #pragma once
-// The multiply of one shared-memory K-slab: tensor-core warp tiles (WMMA, or mma.sync with ldmatrix,
-// half/bfloat16) and SIMT thread tiles (float/double). Both compute C[m, n] += sum_k A(m, k) * B(k, n) with B stored
-// k-major (element (k, n) at b[k * ldb + n]); A's layout is a template parameter.
+// The multiply of one shared-memory K-slab: tensor-core warp tiles (WMMA, or mma.sync with ldmatrix:
+// half/bfloat16, and float as TF32) and SIMT thread tiles (float/double). Both compute
+// C[m, n] += sum_k A(m, k) * B(k, n) with B stored k-major (element (k, n) at b[k * ldb + n]); A's
+// layout is a template parameter.
 #include <mma.h>
 
 #include <type_traits>
@@ -77,16 +78,44 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
 #endif
 }
 
-// One warp owns a WM x WN block of C as (WM/16) x (WN/8) m16n8 fp32 accumulators of mma.sync m16n8k16
-// (sm_80+). Compared with WMMA it keeps the fragments in a known register layout, so the epilogue
-// stores straight from registers (no fp32 C tile in shared memory), and ldmatrix loads a whole
-// 16x16 operand per instruction.
+// d += a @ b on one m16n8k8 TF32 tensor-core tile (fragments already rounded to TF32).
+__device__ __forceinline__ void mma_1688_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// fp32 bits rounded to the nearest TF32 (10-bit mantissa, ties away from zero), as cuBLAS rounds its
+// TF32 operands: the tensor core would otherwise just drop the low mantissa bits.
+__device__ __forceinline__ unsigned to_tf32(unsigned bits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(bits)));
+  return r;
+#else
+  return bits;
+#endif
+}
+
+// One warp owns a WM x WN block of C as (WM/16) x (WN/8) m16n8 fp32 accumulators of mma.sync (sm_80+):
+// m16n8k16 for half / bfloat16, m16n8k8 TF32 for float (the TF32 mode of fp32, rounded on the way into
+// the fragments). Compared with WMMA it keeps the fragments in a known register layout, so the
+// epilogue stores straight from registers (no fp32 C tile in shared memory), and ldmatrix loads a
+// whole 16 x (16 bytes) operand block per instruction.
 // B is k-major in shared memory (B(k, n) at b[k * ldb + n]); A row-major (A(m, k) at a[m * lda + k],
 // the gathered rows of the forward) or, with kAKMajor, k-major too (A(m, k) at a[k * lda + m], the
-// gathered rows of the weight gradient, loaded with the transposing ldmatrix).
-// lda and ldb must keep every 8-element row chunk 16-byte aligned and should be padded by 8 elements
-// so that the 8 row addresses of one ldmatrix fall in distinct banks.
-// Hooks see the B fragments of each 16-deep k block before they are used (NoFragmentHook: none).
+// gathered rows of the weight gradient, loaded with the transposing ldmatrix for 16-bit types).
+// lda must keep every 16-byte row chunk aligned and should pad rows by 16 bytes, so that the 8 row
+// addresses of one ldmatrix fall in distinct banks. ldb (and a k-major lda): the same for 16-bit
+// types; for float, whose k-major fragments are single 32-bit loads (ldmatrix cannot transpose
+// 32-bit elements), rows padded by 8 elements keep the 32 lanes of a load (k = lane % 4,
+// m or n = lane / 4) in distinct banks.
+// Hooks see the B fragments of each k block before they are used (NoFragmentHook: none); float
+// fragments hold fp32 bits there, with element (k + tig, n) in register 0 and (k + tig + 4, n) in 1.
 struct NoFragmentHook {
   template <typename Frags>
   __device__ __forceinline__ void operator()(int, Frags&) const {}
@@ -95,6 +124,8 @@ struct NoFragmentHook {
 template <typename T, int WM, int WN>
 struct MmaWarpTile {
   static constexpr int kTilesM = WM / 16, kTilesN = WN / 8;
+  static constexpr bool kTf32 = std::is_same_v<T, float>;
+  static constexpr int kMmaK = kTf32 ? 8 : 16;  // one ldmatrix row: 16 bytes of k
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be whole 16x16 operand blocks");
   float acc[kTilesM][kTilesN][4];
 
@@ -110,36 +141,69 @@ struct MmaWarpTile {
   // a, b point at this warp's (m, k = 0) and (k = 0, n) origins in shared memory.
   template <int BK, bool kAKMajor = false, typename BHook = NoFragmentHook>
   __device__ __forceinline__ void mma(const T* a, int lda, const T* b, int ldb, BHook b_hook = {}) {
+    static_assert(BK % kMmaK == 0, "K step must be whole mma blocks");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const int lane = threadIdx.x % 32;
-    // ldmatrix x4 row addresses: lanes 0-15 rows 0-15 of the first 8 k, lanes 16-31 of the next 8.
-    const int row = lane % 16, half8 = (lane / 16) * 8;
+    const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    // ldmatrix x4 row addresses: lanes 0-15 rows 0-15 of the first 16 bytes of k, lanes 16-31 of the
+    // next 16 bytes. For 16-bit types that is the m16k16 A block in fragment order; for float the
+    // same addresses give the m16k8 TF32 A fragment (each 32-bit element a pair of b16 halves).
+    const int row = lane % 16, half8 = (lane / 16) * (kMmaK / 2);
     // k-major A: the four 8x8 matrices of a 16x16 block are (m 0-7 | m 8-15) x (k 0-7 | k 8-15) in
     // fragment order; lane l addresses k row l % 8 of matrix l / 8.
     const int a_k = lane % 8 + (lane / 16) * 8, a_m = (lane / 8 % 2) * 8;
 #pragma unroll
-    for (int k = 0; k < BK; k += 16) {
+    for (int k = 0; k < BK; k += kMmaK) {
       unsigned fa[kTilesM][4], fb[kTilesN][2];
 #pragma unroll
       for (int i = 0; i < kTilesM; ++i) {
-        if constexpr (kAKMajor) {
+        if constexpr (kTf32 && kAKMajor) {
+          // m16n8k8 A fragment (m = gid | gid + 8, k = tig | tig + 4) as single 32-bit loads:
+          // ldmatrix cannot transpose 32-bit elements.
+          const T* p = a + (k + tig) * lda + i * 16 + gid;
+          fa[i][0] = __float_as_uint(p[0]), fa[i][1] = __float_as_uint(p[8]);
+          fa[i][2] = __float_as_uint(p[4 * lda]), fa[i][3] = __float_as_uint(p[4 * lda + 8]);
+        } else if constexpr (kAKMajor) {
           ldmatrix_x4_trans(fa[i], a + (k + a_k) * lda + i * 16 + a_m);
         } else {
           ldmatrix_x4(fa[i], a + (i * 16 + row) * lda + k + half8);
         }
-      }
+        if constexpr (kTf32) {
 #pragma unroll
-      for (int j = 0; j < kTilesN; j += 2) {
-        unsigned r[4];
-        // Transposed: lanes 0-15 give k rows 0-15 at columns n..n+7, lanes 16-31 at n+8..n+15.
-        ldmatrix_x4_trans(r, b + (k + row) * ldb + j * 8 + half8);
-        fb[j][0] = r[0], fb[j][1] = r[1], fb[j + 1][0] = r[2], fb[j + 1][1] = r[3];
+          for (int e = 0; e < 4; ++e) fa[i][e] = to_tf32(fa[i][e]);
+        }
+      }
+      if constexpr (kTf32) {
+        // m16n8k8 B fragment: (k = tig, n = gid) and (k = tig + 4, n = gid); rounded to TF32 after
+        // the hook, so a scaled operand is rounded once.
+#pragma unroll
+        for (int j = 0; j < kTilesN; ++j) {
+          fb[j][0] = __float_as_uint(b[(k + tig) * ldb + j * 8 + gid]);
+          fb[j][1] = __float_as_uint(b[(k + tig + 4) * ldb + j * 8 + gid]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kTilesN; j += 2) {
+          unsigned r[4];
+          // Transposed: lanes 0-15 give k rows 0-15 at columns n..n+7, lanes 16-31 at n+8..n+15.
+          ldmatrix_x4_trans(r, b + (k + row) * ldb + j * 8 + half8);
+          fb[j][0] = r[0], fb[j][1] = r[1], fb[j + 1][0] = r[2], fb[j + 1][1] = r[3];
+        }
       }
       b_hook(k, fb);
+      if constexpr (kTf32) {
+#pragma unroll
+        for (int j = 0; j < kTilesN; ++j) fb[j][0] = to_tf32(fb[j][0]), fb[j][1] = to_tf32(fb[j][1]);
+      }
 #pragma unroll
       for (int i = 0; i < kTilesM; ++i)
 #pragma unroll
-        for (int j = 0; j < kTilesN; ++j) mma_16816<T>(acc[i][j], fa[i], fb[j]);
+        for (int j = 0; j < kTilesN; ++j) {
+          if constexpr (kTf32) {
+            mma_1688_tf32(acc[i][j], fa[i], fb[j]);
+          } else {
+            mma_16816<T>(acc[i][j], fa[i], fb[j]);
+          }
+        }
     }
 #endif
   }

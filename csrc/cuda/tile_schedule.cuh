@@ -4,8 +4,12 @@
 // Each relation's pairs are cut into tiles of `pairs_per_tile` consecutive pairs; tiles never straddle
 // two relations, so a block works with one weight matrix. A tiny single-block kernel turns rel_ptr
 // into tile_ptr (CSR offsets of tiles per relation) on the device. The host launches an upper bound of
-// blocks, ceil(P / pairs_per_tile) + R (each relation adds at most one partial tile), computed from
-// plain ints; block b finds its relation by binary search in tile_ptr and surplus blocks exit.
+// blocks computed from plain ints; block b finds its relation by binary search in tile_ptr and
+// surplus blocks exit. The tile size is either fixed (the forward: ceil(P / pairs_per_tile) + R
+// blocks, each relation adding at most one partial tile) or chosen on the device from the pair count
+// rel_ptr[R] so that at most `target_tiles` + R tiles result (the weight gradient): the host never
+// needs the pair count, so pair lists padded past rel_ptr[R] (RelationalMap.kernel_pairs, built
+// without a host sync) schedule exactly like exact ones.
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
@@ -28,19 +32,31 @@ __device__ __forceinline__ PairRange relation_pairs(const int64_t* __restrict__ 
 
 constexpr int kScheduleThreads = 512;
 
-// tile_ptr[0] = 0, tile_ptr[r + 1] = tile_ptr[r] + ceil(pairs of relation r / pairs_per_tile).
-// One block of kScheduleThreads walks the relations in chunks, carrying the running total.
+// tile_ptr[0] = 0, tile_ptr[r + 1] = tile_ptr[r] + ceil(pairs of relation r / pairs_per_tile), and
+// tile_ptr[R + 1] = pairs_per_tile (tile_ptr has R + 2 entries). With target_tiles > 0 the tile size
+// is the smallest multiple of `granule` that cuts the P = rel_ptr[R] pairs into at most target_tiles
+// tiles (pairs_per_tile is then ignored). One block of kScheduleThreads walks the relations in chunks,
+// carrying the running total.
 __global__ void __launch_bounds__(kScheduleThreads)
     relation_tile_offsets(const int64_t* __restrict__ rel_ptr, int64_t num_relations, int64_t num_pairs,
-                          int64_t pairs_per_tile, int64_t* __restrict__ tile_ptr) {
+                          int64_t pairs_per_tile, int64_t target_tiles, int64_t granule,
+                          int64_t* __restrict__ tile_ptr) {
   using Scan = cub::BlockScan<int64_t, kScheduleThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int64_t carry;
+  __shared__ int64_t carry, tile_size;
   if (threadIdx.x == 0) {
     carry = 0;
     tile_ptr[0] = 0;
+    if (target_tiles > 0) {
+      const int64_t p = min(max(rel_ptr[num_relations], int64_t{0}), num_pairs);
+      const int64_t per_tile = (p + target_tiles - 1) / target_tiles;
+      pairs_per_tile = max(int64_t{1}, (per_tile + granule - 1) / granule) * granule;
+    }
+    tile_size = pairs_per_tile;
+    tile_ptr[num_relations + 1] = pairs_per_tile;
   }
   __syncthreads();
+  pairs_per_tile = tile_size;
   for (int64_t base = 0; base < num_relations; base += kScheduleThreads) {
     const int64_t r = base + threadIdx.x;
     int64_t tiles = 0;

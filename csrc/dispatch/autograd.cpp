@@ -32,20 +32,6 @@ std::optional<at::Tensor> as_optional(const at::Tensor& t) {
 // Whether an optional argument takes an input slot of the autograd node (custom_function.h's rule).
 int64_t given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? 1 : 0; }
 
-// (in_index, out_index, rel_ptr) of the pairs in a neighbour table [num_out, R], sorted by
-// (relation, out). The table forward accepts empty pair tensors ("not built", see
-// relconv.core.RelationalMap.from_neighbor_table); the backward needs the pairs, so they are
-// rebuilt here when a caller passed none and a gradient will be taken (one host sync).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> pairs_from_table(const at::Tensor& table) {
-  const at::Tensor hit = table.t().ge(0);
-  const at::Tensor nz = hit.nonzero();  // [P, 2] rows (relation, out), relation-major
-  const at::Tensor rel = nz.select(1, 0), out = nz.select(1, 1);
-  const at::Tensor in = table.index({out, rel});
-  at::Tensor rel_ptr = at::zeros({table.size(1) + 1}, table.options().dtype(at::kLong));
-  rel_ptr.slice(0, 1).copy_(hit.sum(1).cumsum(0));
-  return {in, out.to(table.scalar_type()), rel_ptr};
-}
-
 // grad_x [num_in, C_in] = the table forward of `grad` over the transposed table with W[r]^T. The
 // pairs are passed as absent (empty, see pairs_absent): the table kernel reads none. The forward's
 // own table goes in as this call's transposed table, so that its input gradient (the double
@@ -88,7 +74,10 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     const at::Tensor t_transposed = table_dgrad ? *transposed_table : at::Tensor();
     const at::Tensor t_transposed_order = table_dgrad ? or_undefined(transposed_order) : at::Tensor();
     if (needs_pairs && neighbor_table.has_value() && rel_ptr.sym_numel() == 0) {
-      const auto [in, o, ptr] = pairs_from_table(*neighbor_table);
+      // The table forward accepts absent pairs (a map built as a table, see pairs_absent) and only
+      // CUDA takes them; the backward needs pairs, so they are built here from the table, padded
+      // and without a host sync (relconv::table_pairs).
+      const auto [in, o, ptr] = table_pairs_op().call(*neighbor_table);
       ctx->save_for_backward(
           {x, weight, in, o, ptr, or_undefined(scale), saved_out, t_table, t_order, t_transposed, t_transposed_order});
     } else {

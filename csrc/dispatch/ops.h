@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <tuple>
 
 namespace relconv {
 
@@ -31,6 +32,14 @@ inline const c10::TypedOperatorHandle<WeightGradSignature>& weight_grad_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("relconv::relational_conv_weight_grad", "")
                              .typed<WeightGradSignature>();
+  return op;
+}
+
+using TablePairsSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor& table);
+
+inline const c10::TypedOperatorHandle<TablePairsSignature>& table_pairs_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("relconv::table_pairs", "").typed<TablePairsSignature>();
   return op;
 }
 

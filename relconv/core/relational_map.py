@@ -22,7 +22,8 @@ class RelationalMap:
     A map with at most one input per slot can also be built from its output-stationary neighbour
     table alone (`from_neighbor_table`, what the CUDA voxel builders produce); its pair lists are then
     materialised on first use (one host synchronisation, cached), so a forward that runs over the
-    table never needs them.
+    table never needs them, and the kernels that do read pairs (weight gradient, fp32 forward) take
+    them padded, built on the device without a sync (`kernel_pairs`).
 
     Attributes:
         in_index:  [P] int32/int64, row of the input features.
@@ -240,6 +241,22 @@ class RelationalMap:
             empty = (idx, idx, torch.empty(0, dtype=torch.int64, device=self.device))
             self._cache["absent_pairs"] = empty
         return empty
+
+    def kernel_pairs(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(in_index, out_index, rel_ptr) as the op kernels take them. The pairs themselves when
+        materialised or on the CPU; for a CUDA map built from its table, the table's pairs padded
+        with -1 to `num_out * R` entries (`relconv::table_pairs`, cached): the kernels read pairs
+        only through rel_ptr, so no host sync is needed to size them. Use `in_index` & co. for the
+        exact lists."""
+        if self.has_pairs or self.device.type != "cuda":
+            return self._pairs()
+        padded = self._cache.get("padded_pairs")
+        if padded is None:
+            from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+
+            padded = torch.ops.relconv.table_pairs(self._cache["neighbor_table"])
+            self._cache["padded_pairs"] = padded
+        return padded
 
     def _pairs(self) -> tuple[Tensor, Tensor, Tensor]:
         if self._in_index is None:

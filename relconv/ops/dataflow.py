@@ -7,11 +7,16 @@
   of output rows and loops over the relations, skipping empty (tile, relation) blocks. No atomics,
   bitwise reproducible; needs at most one input per (output, relation) slot and no per-pair scale
   (voxel maps), and reads no pair lists, so a map built as a table never materialises them.
-- `AUTO`: output-stationary for fp16/bf16 (tensor cores, and no fp32 scratch buffer to cast back)
-  and, under `torch.use_deterministic_algorithms(True)`, for every dtype; fetch-on-demand otherwise,
-  since the SIMT output-stationary kernel measured 2.5x slower than the atomic one in fp32 on an H200
-  (benchmarks/results/ops). The rule reads only dtypes and map properties, so every rank of a
-  distributed job makes the same choice.
+- `AUTO`: output-stationary for fp16/bf16 (tensor cores, and no fp32 scratch buffer to cast back),
+  for fp32 when torch allows TF32 matmuls (`torch.backends.cuda.matmul.allow_tf32`; the kernel then
+  runs on TF32 tensor cores, as torch's own matmuls do) and, under
+  `torch.use_deterministic_algorithms(True)`, for every dtype; fetch-on-demand otherwise, since the
+  exact SIMT output-stationary kernel measured 2.5x slower than the atomic one in fp32 on an H200
+  (benchmarks/results/ops). The rule reads only dtypes, map properties and those two global torch
+  switches, so every rank of a distributed job makes the same choice.
+
+Precision: the output-stationary kernel computes fp32 inputs in TF32 exactly when TF32 matmuls are
+allowed (sm_80+), whichever way the dataflow was chosen; fetch-on-demand is always exact fp32.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ def resolve_dataflow(
         )
     if dataflow is not Dataflow.AUTO:
         return dataflow
-    half = compute_dtype in (torch.float16, torch.bfloat16)
-    if table_ok and (half or torch.are_deterministic_algorithms_enabled()):
+    tensor_cores = compute_dtype in (torch.float16, torch.bfloat16) or (
+        compute_dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    )
+    if table_ok and (tensor_cores or torch.are_deterministic_algorithms_enabled()):
         return Dataflow.OUTPUT_STATIONARY
     return Dataflow.FETCH_ON_DEMAND

@@ -105,14 +105,15 @@ def relational_conv(
     if table is not None and x_grad and rmap.injective:
         transposed = rmap.transposed_neighbor_table()
         transposed_order = rmap.transposed_table_order()
-    # The table forward reads no pairs: a map built as a table keeps its pairs unmaterialised (no
-    # host sync) unless autograd will read them: the weight gradient always, the input gradient
-    # when it has no transposed table (the bias gradient needs none).
+    # The table forward reads no pairs: a map built as a table passes none unless autograd will read
+    # them (the weight gradient always, the input gradient when it has no transposed table; the
+    # bias gradient needs none). Pairs that are passed come padded from the device (kernel_pairs):
+    # no host sync either way.
     needs_pairs = w_grad or (x_grad and transposed is None)
     if table is not None and not rmap.has_pairs and not needs_pairs:
         in_index, out_index, rel_ptr = rmap.absent_pairs()
     else:
-        in_index, out_index, rel_ptr = rmap.in_index, rmap.out_index, rmap.rel_ptr
+        in_index, out_index, rel_ptr = rmap.kernel_pairs()
     order = None if table is None else rmap.reused_table_order()
     return _conv(
         x,
@@ -177,9 +178,8 @@ def relational_conv_weight_grad(x: Tensor, grad_out: Tensor, rmap: RelationalMap
             f"x rows ({x.shape[0]}) / grad_out rows ({grad_out.shape[0]}) must equal the map's "
             f"num_in ({rmap.num_in}) / num_out ({rmap.num_out})"
         )
-    return _weight_grad(
-        x, grad_out, rmap.in_index, rmap.out_index, rmap.rel_ptr, _scale_for(rmap, x.dtype), groups
-    )
+    in_index, out_index, rel_ptr = rmap.kernel_pairs()
+    return _weight_grad(x, grad_out, in_index, out_index, rel_ptr, _scale_for(rmap, x.dtype), groups)
 
 
 def _shape(t: object) -> str:
@@ -209,6 +209,13 @@ def _conv_fake(
 @torch.library.register_fake("relconv::neighbor_table_order")
 def _table_order_fake(table):
     return table.new_empty((table.shape[0],))
+
+
+@torch.library.register_fake("relconv::table_pairs")
+def _table_pairs_fake(table):
+    capacity = table.shape[0] * table.shape[1]
+    rel_ptr = table.new_empty((table.shape[1] + 1,), dtype=torch.int64)
+    return table.new_empty((capacity,)), table.new_empty((capacity,)), rel_ptr
 
 
 @torch.library.register_fake("relconv::transpose_neighbor_table")

@@ -23,22 +23,28 @@ def _voxel_like_map(device="cpu"):
 
 
 @pytest.mark.parametrize(
-    "dtype,unique,scale,deterministic,expected",
+    "dtype,unique,scale,deterministic,tf32,expected",
     [
-        (torch.float16, True, False, False, Dataflow.OUTPUT_STATIONARY),
-        (torch.bfloat16, True, False, False, Dataflow.OUTPUT_STATIONARY),
-        (torch.float32, True, False, False, Dataflow.FETCH_ON_DEMAND),
-        (torch.float32, True, False, True, Dataflow.OUTPUT_STATIONARY),
-        (torch.float16, False, False, False, Dataflow.FETCH_ON_DEMAND),
-        (torch.float16, True, True, True, Dataflow.FETCH_ON_DEMAND),
+        (torch.float16, True, False, False, False, Dataflow.OUTPUT_STATIONARY),
+        (torch.bfloat16, True, False, False, False, Dataflow.OUTPUT_STATIONARY),
+        (torch.float32, True, False, False, False, Dataflow.FETCH_ON_DEMAND),
+        (torch.float32, True, False, False, True, Dataflow.OUTPUT_STATIONARY),
+        (torch.float32, True, True, False, True, Dataflow.FETCH_ON_DEMAND),
+        (torch.float64, True, False, False, True, Dataflow.FETCH_ON_DEMAND),
+        (torch.float32, True, False, True, False, Dataflow.OUTPUT_STATIONARY),
+        (torch.float16, False, False, False, False, Dataflow.FETCH_ON_DEMAND),
+        (torch.float16, True, True, True, False, Dataflow.FETCH_ON_DEMAND),
     ],
 )
-def test_auto_rule(dtype, unique, scale, deterministic, expected):
+def test_auto_rule(dtype, unique, scale, deterministic, tf32, expected):
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         assert resolve_dataflow(Dataflow.AUTO, dtype, unique, scale) is expected
     finally:
         torch.use_deterministic_algorithms(False)
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
 
 
 def test_forced_choice_is_kept_and_checked():
