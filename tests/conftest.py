@@ -1,4 +1,6 @@
-"""Shared test configuration: the device axis and the CUDA skip."""
+"""Shared test configuration: the device axis, the CUDA skip and the global-switch helpers."""
+
+import contextlib
 
 import pytest
 import torch
@@ -17,3 +19,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not item.get_closest_marker("cuda"):
             item.add_marker(pytest.mark.cuda)
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Fails any CUDA host synchronisation inside the block (torch's sync debug mode), after
+    draining the work queued before it."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@contextlib.contextmanager
+def allow_tf32(enabled: bool):
+    """torch.backends.cuda.matmul.allow_tf32 set to `enabled` inside the block."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old

@@ -203,53 +203,45 @@ void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream
   launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, false>(a, grid, stream);
 }
 
+// Tensor-core configurations count K steps in bytes: 128 (64 halves, 32 floats) past C_in 64, else
+// 64, so float in TF32 mode (torch.backends.cuda.matmul.allow_tf32) gets the 16-bit layouts' stage
+// sizes and load mappings.
+// Measured for half on an H100 (profiled kernel time, cached subm 3^3, 64-beam scan / real scan,
+// whole-tile loads): with C_in >= 64 a 64-wide K step in 2 stages (C64 51 / 29 us, C128 139 / 75,
+// C256 390 / 203) beat 3 stages (55 / 32, 147 / 74, 412 / 203), 32-wide steps in 3 or 4 stages
+// (within 2% of 3 stages) and 128-row tiles (64 / 40, 161 / 85): the fewer the stages, the more
+// blocks fit per SM, and at 64-wide steps two stages already cover the gather latency.
+// Past C_out 64, 8-warp 128 x 128 tiles (each gathered row feeds twice the columns) beat the 4-warp
+// 64 x 128 tile once the rank-and-Gray table order came in (same scans, us): at C128 with 64 x 32
+// warp tiles 119 / 63 against 129 / 69 (32 x 64: 120 / 66); at C256 with 32 x 64 warp tiles 323 /
+// 181 against 357 / 178 (64 x 32: 324 / 187; 64 x 256: 341 / 208; BK 32 in 3 or 4 stages: 355-365 /
+// 190-204). The TF32 configurations have not been swept.
+template <typename T, typename Idx>
+void forward_table_mma_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
+  constexpr int kWideK = 128 / sizeof(T), kNarrowK = 64 / sizeof(T);
+  if (a.cin_g >= 64 && a.cout_g > 32) {
+    if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, kWideK, 32, 32>, 2>(a, stream);
+    if (a.cout_g <= 128) return launch_forward_table_mma<T, Idx, Tiles<128, 128, kWideK, 64, 32>, 2>(a, stream);
+    return launch_forward_table_mma<T, Idx, Tiles<128, 128, kWideK, 32, 64>, 2>(a, stream);
+  }
+  constexpr int S = 4;
+  if (a.cout_g <= 16) return launch_forward_table_mma<T, Idx, Tiles<64, 16, kNarrowK, 16, 16>, S>(a, stream);
+  if (a.cout_g <= 32) return launch_forward_table_mma<T, Idx, Tiles<64, 32, kNarrowK, 32, 16>, S>(a, stream);
+  if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, kNarrowK, 32, 32>, S>(a, stream);
+  return launch_forward_table_mma<T, Idx, Tiles<64, 128, kNarrowK, 32, 64>, S>(a, stream);
+}
+
 // Output rows are owned by one block each, so there is no atomic traffic to amortise with tall
 // tiles: 64-row tiles give more blocks and a finer grain for skipping relations. Tensor-core tiles
 // keep 4 warps and 16-64 accumulators per thread.
-// TF32 mode of float (allowed by torch.backends.cuda.matmul.allow_tf32): the 16-bit configurations
-// below with K steps of the same bytes (half as many elements), so every stage and load has the
-// 16-bit layout's size and mapping.
-template <typename Idx>
-void forward_table_tf32_by_width(const cuda::ConvTableArgs<float, Idx>& a, cudaStream_t stream) {
-  if (a.cin_g >= 64 && a.cout_g > 32) {
-    if (a.cout_g <= 64) return launch_forward_table_mma<float, Idx, Tiles<64, 64, 32, 32, 32>, 2>(a, stream);
-    if (a.cout_g <= 128) return launch_forward_table_mma<float, Idx, Tiles<128, 128, 32, 64, 32>, 2>(a, stream);
-    return launch_forward_table_mma<float, Idx, Tiles<128, 128, 32, 32, 64>, 2>(a, stream);
-  }
-  constexpr int S = 4;
-  if (a.cout_g <= 16) return launch_forward_table_mma<float, Idx, Tiles<64, 16, 16, 16, 16>, S>(a, stream);
-  if (a.cout_g <= 32) return launch_forward_table_mma<float, Idx, Tiles<64, 32, 16, 32, 16>, S>(a, stream);
-  if (a.cout_g <= 64) return launch_forward_table_mma<float, Idx, Tiles<64, 64, 16, 32, 32>, S>(a, stream);
-  return launch_forward_table_mma<float, Idx, Tiles<64, 128, 16, 32, 64>, S>(a, stream);
-}
-
 template <typename T, typename Idx>
 void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (tf32) return forward_table_tf32_by_width<Idx>(a, stream);
-  }
   if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-    // Measured on an H100 (profiled kernel time, cached subm 3^3, 64-beam scan / real scan, whole-tile
-    // loads): with C_in >= 64 a 64-wide K step in 2 stages (C64 51 / 29 us, C128 139 / 75, C256 390
-    // / 203) beat 3 stages (55 / 32, 147 / 74, 412 / 203), 32-wide steps in 3 or 4 stages (within 2%
-    // of 3 stages) and 128-row tiles (64 / 40, 161 / 85): the fewer the stages, the more blocks fit
-    // per SM, and at 64-wide steps two stages already cover the gather latency.
-    // Past C_out 64, 8-warp 128 x 128 tiles (each gathered row feeds twice the columns) beat the
-    // 4-warp 64 x 128 tile once the rank-and-Gray table order came in (same scans, us): at C128 with
-    // 64 x 32 warp tiles 119 / 63 against 129 / 69 (32 x 64: 120 / 66); at C256 with 32 x 64 warp
-    // tiles 323 / 181 against 357 / 178 (64 x 32: 324 / 187; 64 x 256: 341 / 208; BK 32 in 3 or 4
-    // stages: 355-365 / 190-204).
-    if (a.cin_g >= 64 && a.cout_g > 32) {
-      if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, 64, 32, 32>, 2>(a, stream);
-      if (a.cout_g <= 128) return launch_forward_table_mma<T, Idx, Tiles<128, 128, 64, 64, 32>, 2>(a, stream);
-      return launch_forward_table_mma<T, Idx, Tiles<128, 128, 64, 32, 64>, 2>(a, stream);
-    }
-    constexpr int S = 4;
-    if (a.cout_g <= 16) return launch_forward_table_mma<T, Idx, Tiles<64, 16, 32, 16, 16>, S>(a, stream);
-    if (a.cout_g <= 32) return launch_forward_table_mma<T, Idx, Tiles<64, 32, 32, 32, 16>, S>(a, stream);
-    if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, 32, 32, 32>, S>(a, stream);
-    return launch_forward_table_mma<T, Idx, Tiles<64, 128, 32, 32, 64>, S>(a, stream);
+    return forward_table_mma_by_width<T, Idx>(a, stream);
   } else {
+    if constexpr (std::is_same_v<T, float>) {
+      if (tf32) return forward_table_mma_by_width<T, Idx>(a, stream);
+    }
     if (a.cout_g <= 32) return launch_forward_table_simt<T, Idx, Tiles<64, 32, 16, 2, 4>>(a, stream);
     if (a.cout_g <= 64) return launch_forward_table_simt<T, Idx, Tiles<64, 64, 16, 4, 4>>(a, stream);
     return launch_forward_table_simt<T, Idx, Tiles<64, 128, 16, 4, 8>>(a, stream);
@@ -437,38 +429,28 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   return dw;
 }
 
-// Tensor cores (16-byte rows): square tiles as wide as the channels, 4 warps (8 at C >= 128, whose
-// 128 x 128 tile gathers each pair's rows once instead of twice), 32 pairs per K step. Other rows,
-// and float / double, take the SIMT kernel.
-// float in TF32 mode (torch.backends.cuda.matmul.allow_tf32) takes the tensor-core kernel with K steps
-// of the 16-bit configurations' bytes (16 rows).
+// Tensor cores (16-byte rows, sm_80+: mma.sync and cp.async): square tiles as wide as the channels,
+// 4 warps (8 at C >= 128, whose 128 x 128 tile gathers each pair's rows once instead of twice), K
+// steps of 64 bytes (32 pairs of half rows, 16 of float rows: float runs there in TF32 mode, when
+// torch.backends.cuda.matmul.allow_tf32 allows it). Other rows, exact float, double and older GPUs
+// take the SIMT kernel.
 template <typename T, typename Idx>
 at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at::Tensor& rel_ptr, bool deterministic,
                                 const at::TensorOptions& opts, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (a.vec_x && a.vec_g && at::globalContext().allowTF32CuBLAS() &&
-        at::cuda::getCurrentDeviceProperties()->major >= 8) {
+  constexpr bool k16Bit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (k16Bit || std::is_same_v<T, float>) {
+    constexpr int BK = 64 / sizeof(T);
+    const bool tensor_cores = a.vec_x && a.vec_g && (k16Bit || at::globalContext().allowTF32CuBLAS()) &&
+                              at::cuda::getCurrentDeviceProperties()->major >= 8;
+    if (tensor_cores) {
       if (a.cin_g <= 32 && a.cout_g <= 32) {
-        return launch_weight_grad<T, Idx, Tiles<32, 32, 16, 16, 16>, 4, true>(a, rel_ptr, deterministic, opts, stream);
+        return launch_weight_grad<T, Idx, Tiles<32, 32, BK, 16, 16>, 4, true>(a, rel_ptr, deterministic, opts, stream);
       }
       if (a.cin_g >= 128 && a.cout_g >= 128) {
-        return launch_weight_grad<T, Idx, Tiles<128, 128, 16, 64, 32>, 3, true>(a, rel_ptr, deterministic, opts,
+        return launch_weight_grad<T, Idx, Tiles<128, 128, BK, 64, 32>, 3, true>(a, rel_ptr, deterministic, opts,
                                                                                stream);
       }
-      return launch_weight_grad<T, Idx, Tiles<64, 64, 16, 32, 32>, 4, true>(a, rel_ptr, deterministic, opts, stream);
-    }
-  }
-  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-    // mma.sync m16n8k16 and cp.async need sm_80+; older GPUs take the SIMT kernel below.
-    if (a.vec_x && a.vec_g && at::cuda::getCurrentDeviceProperties()->major >= 8) {
-      if (a.cin_g <= 32 && a.cout_g <= 32) {
-        return launch_weight_grad<T, Idx, Tiles<32, 32, 32, 16, 16>, 4, true>(a, rel_ptr, deterministic, opts, stream);
-      }
-      if (a.cin_g >= 128 && a.cout_g >= 128) {
-        return launch_weight_grad<T, Idx, Tiles<128, 128, 32, 64, 32>, 3, true>(a, rel_ptr, deterministic, opts,
-                                                                               stream);
-      }
-      return launch_weight_grad<T, Idx, Tiles<64, 64, 32, 32, 32>, 4, true>(a, rel_ptr, deterministic, opts, stream);
+      return launch_weight_grad<T, Idx, Tiles<64, 64, BK, 32, 32>, 4, true>(a, rel_ptr, deterministic, opts, stream);
     }
   }
   if (a.cin_g <= 32 && a.cout_g <= 32) {

@@ -5,6 +5,7 @@ import torch
 import torch_geometric.nn as pyg_nn
 
 import relconv.graph as rg
+from tests.conftest import no_host_sync
 from tests.graph.graphs import features, random_graph
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -73,13 +74,9 @@ def test_forward_never_syncs(config, featureless):
     ew = torch.rand(ei.size(1), device="cuda")
     layer(x, ei, et, ew)  # builds and caches the map (may sync)
     prebuilt = rg.build_rgcn_map(ei, et, 300, 7, layer.aggr)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         layer(x, ei, et, ew)
         layer(x, prebuilt, None, ew)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

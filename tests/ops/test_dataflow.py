@@ -7,7 +7,7 @@ from relconv import RelationalMap, relational_conv
 from relconv.ops import Dataflow
 from relconv.ops.dataflow import resolve_dataflow
 from relconv.ops.reference import relational_conv_reference
-from tests.conftest import requires_cuda
+from tests.conftest import allow_tf32, requires_cuda
 from tests.ops.maps import TOLERANCE, random_map, rel_error
 
 
@@ -37,14 +37,12 @@ def _voxel_like_map(device="cpu"):
     ],
 )
 def test_auto_rule(dtype, unique, scale, deterministic, tf32, expected):
-    old_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.use_deterministic_algorithms(deterministic)
-    torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        assert resolve_dataflow(Dataflow.AUTO, dtype, unique, scale) is expected
+        with allow_tf32(tf32):
+            assert resolve_dataflow(Dataflow.AUTO, dtype, unique, scale) is expected
     finally:
         torch.use_deterministic_algorithms(False)
-        torch.backends.cuda.matmul.allow_tf32 = old_tf32
 
 
 def test_forced_choice_is_kept_and_checked():

@@ -13,7 +13,7 @@ import torch
 from relconv import RelationalMap
 from relconv.core.relational_map import pairs_from_table
 from relconv.ops.relational_conv import relational_conv, relational_conv_weight_grad
-from tests.conftest import requires_cuda
+from tests.conftest import no_host_sync, requires_cuda
 from tests.ops.maps import rel_error
 from tests.ops.test_table_backward import voxel_coords, voxel_map
 
@@ -78,12 +78,8 @@ def test_training_step_over_a_new_table_map_does_not_synchronise(dtype):
     rmap = voxel_map("subm3", voxel_coords(4000, 18))  # building it validated the coordinates
     x = torch.randn(rmap.num_in, 32, device="cuda", dtype=dtype, requires_grad=True)
     w = (torch.randn(rmap.num_relations, 32, 32, device="cuda") / 6).to(dtype).requires_grad_()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         out = relational_conv(x, w, rmap)
         out.backward(torch.ones_like(out))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert x.grad is not None and w.grad is not None and not rmap.has_pairs

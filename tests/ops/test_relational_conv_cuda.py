@@ -5,7 +5,7 @@ import torch
 
 from relconv import RelationalMap, relational_conv
 from relconv.ops.reference import relational_conv_reference
-from tests.conftest import requires_cuda
+from tests.conftest import no_host_sync, requires_cuda
 from tests.ops.maps import TOLERANCE, random_map, rel_error
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
@@ -35,13 +35,9 @@ def test_forward_and_backward_do_not_synchronise():
     rmap = random_map(1000, 900, 27, 20000, "cuda")
     x = torch.randn(1000, 32, device="cuda", requires_grad=True)
     w = torch.randn(27, 32, 32, device="cuda", requires_grad=True)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         out = relational_conv(x, w, rmap)
         out.backward(torch.ones_like(out))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
 
 

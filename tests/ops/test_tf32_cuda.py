@@ -8,15 +8,13 @@ input gradient (the same kernel over the transposed table) and the weight gradie
 weight-gradient kernel in TF32, with and without a pair scale) included.
 """
 
-import contextlib
-
 import pytest
 import torch
 
 from relconv.ops import Dataflow
 from relconv.ops.reference import relational_conv_reference
 from relconv.ops.relational_conv import relational_conv, relational_conv_weight_grad
-from tests.conftest import requires_cuda
+from tests.conftest import allow_tf32, requires_cuda
 from tests.ops.maps import random_map, rel_error
 from tests.ops.test_table_backward import random_weight, voxel_coords, voxel_map
 
@@ -25,16 +23,6 @@ pytestmark = [pytest.mark.cuda, requires_cuda]
 # TF32 keeps 10 mantissa bits: a relative rounding error of 2^-11 per operand, averaging out over
 # the reduction; exact fp32 stays ~1e-7.
 TF32_TOLERANCE = 5e-3
-
-
-@contextlib.contextmanager
-def tf32(enabled: bool):
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 @pytest.mark.parametrize(
@@ -59,7 +47,7 @@ def test_tf32_forward_and_gradients_match_reference(cin, cout, groups, kind):
     x = torch.randn(rmap.num_in, cin, generator=g, dtype=torch.float64).float().cuda().requires_grad_()
     w = random_weight(rmap.num_relations, groups, cin // groups, cout // groups, torch.float32)
     w.requires_grad_()
-    with tf32(True):
+    with allow_tf32(True):
         out = relational_conv(x, w, rmap, groups=groups)
         grad = torch.randn_like(out)
         gx, gw = torch.autograd.grad(out, (x, w), grad)
@@ -84,7 +72,7 @@ def test_tf32_weight_grad_with_pair_scale(deterministic):
     grad = torch.randn(500, 64, device="cuda")
     torch.use_deterministic_algorithms(deterministic)
     try:
-        with tf32(True):
+        with allow_tf32(True):
             gw = relational_conv_weight_grad(x, grad, rmap).squeeze(1)
             again = relational_conv_weight_grad(x, grad, rmap).squeeze(1)
     finally:
@@ -104,7 +92,7 @@ def test_tf32_off_stays_exact_on_the_same_dataflow():
     x = torch.randn(rmap.num_in, 64, device="cuda")
     w = random_weight(rmap.num_relations, 1, 64, 64, torch.float32)
     ref = relational_conv_reference(x.double().cpu(), w.double().cpu(), rmap.to("cpu"))
-    with tf32(False):
+    with allow_tf32(False):
         exact = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert rel_error(exact, ref) < 1e-5
 
@@ -116,7 +104,7 @@ def test_tf32_int64_tables_and_bias_relu_epilogue():
     x = torch.randn(rmap.num_in, 32, device="cuda")
     w = random_weight(rmap.num_relations, 1, 32, 64, torch.float32)
     bias = torch.randn(64, device="cuda")
-    with tf32(True):
+    with allow_tf32(True):
         out = relational_conv(x, w, table64, bias=bias, activation="relu")
     ref = relational_conv_reference(x.double().cpu(), w.double().cpu(), rmap.to("cpu"))
     ref = (ref + bias.double().cpu()).relu()

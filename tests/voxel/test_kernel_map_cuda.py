@@ -8,6 +8,7 @@ from relconv.ops import relational_conv
 from relconv.voxel import VoxelTensor
 from relconv.voxel import kernel_map as km
 from relconv.voxel.maps import layer_map
+from tests.conftest import no_host_sync
 
 pytestmark = requires_cuda
 
@@ -137,15 +138,10 @@ def test_validated_subm_map_and_table_forward_do_not_sync():
     first = layer_map(x, (3, 3, 3), (1, 1, 1), (1, 1, 1))  # validates the coordinates: one sync
     x.cache.maps.clear()  # force fresh builds of the other maps on the same coordinate set
     w = torch.randn(27, 16, 16, device="cuda", dtype=torch.float16)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync(), torch.no_grad():
         lm = layer_map(x, (3, 3, 3), (1, 1, 1), (2, 2, 2))
         lm5 = layer_map(x, (5, 5, 5), (1, 1, 1), (1, 1, 1))
-        with torch.no_grad():
-            out = relational_conv(x.feats, w, lm.rmap)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+        out = relational_conv(x.feats, w, lm.rmap)
     assert not lm.rmap.has_pairs and not lm5.rmap.has_pairs and first.rmap is not lm.rmap
     ref = relational_conv(x.feats.float().cpu(), w.float().cpu(), lm.rmap.to("cpu"))
     torch.testing.assert_close(out.float().cpu(), ref, atol=2e-2, rtol=2e-2)
@@ -160,13 +156,9 @@ def test_strided_step_syncs_once_and_its_output_is_trusted():
     assert index.coords is down.out_coords and index.validated
     feats = torch.zeros(down.out_coords.shape[0], 8, device="cuda")
     coarse = VoxelTensor(feats, down.out_coords, 2, down.out_cache)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         sub = layer_map(coarse, (3, 3, 3), (1, 1, 1), (1, 1, 1))
         up = layer_map(coarse, (2, 2, 2), (2, 2, 2), (1, 1, 1), transposed=True)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert not sub.rmap.has_pairs and up.out_coords is coords
 
 
