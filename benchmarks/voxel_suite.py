@@ -361,15 +361,25 @@ class E2ESetup:
         coords = self.scene.coords
         return self.prepared(self.model, lambda f: VoxelTensor(f, coords))
 
-    def relconv_folded(self) -> Prepared:
-        """Inference with every Conv-BatchNorm[-ReLU] folded into one conv (`relconv.voxel.fuse_conv_bn`,
-        bias and ReLU in the kernel epilogue): relconv's own inference idiom, reported as its own row
-        (`relconv-folded`) beside the unfolded `relconv` row every peer is compared with."""
-        from relconv.voxel import VoxelTensor, fuse_conv_bn
+    def relconv_unfolded(self) -> Prepared:
+        """Inference layer by layer (`relconv.voxel.inference_folding(False)`): the network as the
+        peers run it, BatchNorm and ReLU as their own ops, reported as relconv's own variant
+        (`relconv-unfolded`) beside the default `relconv` row, which folds BatchNorm into the convs
+        on the fly in eval mode."""
+        from relconv.voxel import VoxelTensor, inference_folding
 
         coords = self.scene.coords
-        folded = fuse_conv_bn(self.model)
-        return self.prepared(folded, lambda f: VoxelTensor(f, coords), note="BatchNorm folded")
+        step = self.prepared(self.model, lambda f: VoxelTensor(f, coords), note="BatchNorm unfolded")
+
+        def fn(f):
+            with inference_folding(False):
+                return step.fn(f)
+
+        def output():
+            with inference_folding(False):
+                return step.output()
+
+        return Prepared(fn=fn, inputs=step.inputs, output=output, note=step.note)
 
 
 # ---------------------------------------------------------------------------------------- runner
@@ -416,7 +426,7 @@ def run(spec: dict, ctx: dict, peers: dict, timing, ceilings) -> list[dict]:
         work = None
         tolerance = E2E_TOLERANCE
         if spec["mode"] == "infer":
-            impls.append(("relconv-folded", setup.relconv_folded))
+            impls.append(("relconv-unfolded", setup.relconv_unfolded))
     for peer in VOXEL_PEERS:
         if peer.name in peers:
             case = peer.layer_case if spec["kind"] == "layer" else peer.e2e_case

@@ -3,7 +3,9 @@
 // them a custom op is invisible to autocast: an fp32 model under autocast ran every relconv conv in
 // fp32 (SIMT) and paid for autocast's casts around it, slower than plain fp32.
 // The bias goes with them (the op wants it in x's dtype); the per-pair scale stays in its
-// accumulation dtype (float32 for half inputs).
+// accumulation dtype (float32 for half inputs). The weight is passed on in its own dtype: the
+// autograd kernel casts it below autograd (see ConvFunction), so a training step records no cast
+// node per conv and the weight gradient reaches the float32 parameter without a ToCopyBackward.
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
@@ -22,8 +24,7 @@ at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at
                          const std::optional<at::Tensor>& transposed_order) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
   const auto dtype = at::autocast::get_autocast_dtype(kDevice);
-  return conv_op().call(at::autocast::cached_cast(dtype, x, kDevice),
-                        at::autocast::cached_cast(dtype, weight, kDevice), in_index, out_index, rel_ptr, scale,
+  return conv_op().call(at::autocast::cached_cast(dtype, x, kDevice), weight, in_index, out_index, rel_ptr, scale,
                         std::move(num_out), neighbor_table, table_order,
                         at::autocast::cached_cast(dtype, bias, kDevice), relu, transposed_table,
                         transposed_order);

@@ -29,6 +29,10 @@ at::Tensor or_undefined(const std::optional<at::Tensor>& t) { return t.has_value
 std::optional<at::Tensor> as_optional(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
+// Float32 weights with half-precision features: the op runs in the features' dtype.
+bool mixed_precision(const at::Tensor& x, const at::Tensor& weight) {
+  return weight.scalar_type() == at::kFloat && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+}
 // Whether an optional argument takes an input slot of the autograd node (custom_function.h's rule).
 int64_t given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? 1 : 0; }
 
@@ -57,7 +61,12 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
                             bool relu, const std::optional<at::Tensor>& transposed_table,
                             const std::optional<at::Tensor>& transposed_order, bool recording) {
     at::AutoDispatchBelowADInplaceOrView below;
-    at::Tensor out = conv_op().call(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out),
+    // A float32 weight with half / bfloat16 x (a parameter under autocast, see autocast.cpp) runs in
+    // x's dtype: cast here, unrecorded; the gradient comes back in x's dtype and the autograd engine
+    // casts it to the weight's dtype. The backward casts again from the saved weight, so a double
+    // backward still reaches the weight through a recorded cast. Other mismatches reach the checks.
+    const at::Tensor w = mixed_precision(x, weight) ? weight.to(x.scalar_type()) : weight;
+    at::Tensor out = conv_op().call(x, w, in_index, out_index, rel_ptr, scale, std::move(num_out),
                                     neighbor_table, table_order, bias, relu, transposed_table, transposed_order);
     // The transposed table serves the input gradient on CUDA only: the CPU kernel reads the pairs.
     const bool table_dgrad = transposed_table.has_value() && transposed_table->is_cuda();
@@ -94,9 +103,10 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &weight = saved[1], &in_index = saved[2], &out_index = saved[3],
-                     &rel_ptr = saved[4], &out = saved[6], &table = saved[7], &table_order = saved[8],
-                     &transposed_table = saved[9], &transposed_order = saved[10];
+    const at::Tensor &x = saved[0], &in_index = saved[2], &out_index = saved[3], &rel_ptr = saved[4],
+                     &out = saved[6], &table = saved[7], &table_order = saved[8], &transposed_table = saved[9],
+                     &transposed_order = saved[10];
+    const at::Tensor& saved_weight = saved[1];
     const auto scale = as_optional(saved[5]);
     at::Tensor grad = grads[0];
     // Masking first: the bias, x and weight gradients all flow through the ReLU. The mask is
@@ -106,6 +116,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     at::Tensor grad_x, grad_w, grad_bias;
     if (ctx->needs_input_grad(0)) {
       const c10::SymInt num_in = ctx->saved_data["num_in"].toSymInt();
+      const at::Tensor weight =  // the cast is recorded under create_graph
+          mixed_precision(x, saved_weight) ? saved_weight.to(x.scalar_type()) : saved_weight;
       if (transposed_table.defined()) {  // saved only when given on CUDA
         grad_x = table_input_grad(grad, weight, transposed_table, transposed_order, table, table_order, num_in);
       } else {
@@ -114,7 +126,7 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       }
     }
     if (ctx->needs_input_grad(1)) {
-      grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, weight.size(1));
+      grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, saved_weight.size(1));
     }
     const int64_t bias_edge = ctx->saved_data["bias_edge"].toInt();
     if (bias_edge >= 0 && ctx->needs_input_grad(bias_edge)) {

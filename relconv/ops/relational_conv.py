@@ -60,7 +60,9 @@ def relational_conv(
     Args:
         x: [rmap.num_in, C_in] features (float32/float64/float16/bfloat16).
         weight: [R, C_in, C_out], or [R, groups, C_in/groups, C_out/groups] for block-diagonal
-            (grouped) weights, same dtype and device as `x`.
+            (grouped) weights on `x`'s device, in `x`'s dtype; float32 weights with float16 /
+            bfloat16 `x` run in `x`'s dtype (cast on entry, as under autocast; the gradient comes
+            back in float32).
         rmap: the pairs; `rmap.num_relations` must equal R.
         groups: channel groups; each group of C_in/groups inputs feeds its own C_out/groups outputs.
         dataflow: how the CUDA forward runs (`relconv.ops.Dataflow`; AUTO picks by dtype and map).

@@ -14,7 +14,7 @@ from relconv.voxel.kernel_map import (
     submanifold_map,
     transposed_map,
 )
-from relconv.voxel.nn import BatchNorm, Dropout, LeakyReLU, ReLU, Sequential
+from relconv.voxel.nn import BatchNorm, Dropout, LeakyReLU, ReLU, Sequential, inference_folding
 from relconv.voxel.pool import AvgPool3d, GlobalAvgPool, GlobalMaxPool, MaxPool3d, global_pool, pool3d
 from relconv.voxel.tensor import MapCache, VoxelTensor, cat
 from relconv.voxel.voxelize import Voxelized, collate, devoxelize, voxelize
@@ -41,6 +41,7 @@ __all__ = [
     "fuse_conv_bn",
     "generative_map",
     "global_pool",
+    "inference_folding",
     "kernel_offsets",
     "pool3d",
     "strided_map",

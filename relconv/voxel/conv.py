@@ -98,9 +98,13 @@ def _conv3d(
         w = weight[0]
         out = x.feats @ w if bias is None else torch.addmm(bias, x.feats, w)
         return x.replace_feature(out.relu_() if activation == "relu" else out)
-    lm = layer_map(x, k, s, d, transposed, generative, indice_key)
+    lm = layer_map(x, k, s, d, transposed, generative, indice_key, defer_check=True)
     # Bias and ReLU go into the op: on CUDA's output-stationary path they are the kernel's epilogue.
     out = relational_conv(x.feats, weight, lm.rmap, groups, bias=bias, activation=activation)
+    if lm.unchecked is not None:
+        # New coordinates are checked once the conv is queued (see layer_map), before its output
+        # can escape: a fresh layer then syncs once, on its own finished work.
+        lm.unchecked.ensure_valid()
     return VoxelTensor._trusted(out, lm.out_coords, lm.out_stride, lm.out_cache)
 
 

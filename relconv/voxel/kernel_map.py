@@ -156,6 +156,7 @@ def submanifold_map(
     dilation: Triple,
     tensor_stride: Triple,
     index: CoordIndex | None = None,
+    validate: bool = True,
 ) -> RelationalMap:
     """Map with output coordinates = input coordinates: pair (i, o, k) iff p_i = p_o + offset_k.
 
@@ -163,14 +164,21 @@ def submanifold_map(
         coords: [N, 4] int32 (batch, x, y, z), multiples of `tensor_stride`, no duplicates.
         index: CUDA only: the coordinates' cached `CoordIndex`; with a validated one the build does
             no host synchronisation.
+        validate: CUDA only: read an unchecked index's error word before returning (one sync).
+            False leaves that to the caller (`index.ensure_valid()`), who may first queue work on
+            the map: the table holds valid row indices even for bad coordinates, so that work is
+            memory-safe, and its result must not escape before the check.
     Returns:
         RelationalMap with num_in = num_out = N, K = prod(kernel_size) relations.
     """
     step = tuple(d * t for d, t in zip(dilation, tensor_stride, strict=True))
     if coords.is_cuda:
         index = _index_for(coords, index)
-        index.ensure_valid()
-        return _table_map(coords, index, coords, kernel_size, step)
+        rmap = _table_map(coords, index, coords, kernel_size, step)
+        if validate:
+            # After queueing the table kernel: the one sync then waits for the whole build.
+            index.ensure_valid()
+        return rmap
     lo, hi = bounds(coords)
     packing = make_packing(lo, hi, _reach(kernel_size, step))
     keys, perm = _sorted_keys(packing, coords)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import torch
 from torch import nn
 
+from relconv.voxel.conv import Conv3d, _conv3d
+from relconv.voxel.fold import FoldCache
 from relconv.voxel.tensor import VoxelTensor
 
 
@@ -42,10 +48,98 @@ class Dropout(_FeatureWise):
         super().__init__(nn.Dropout(p))
 
 
+_FOLDING = [True]
+
+
+@contextlib.contextmanager
+def inference_folding(enabled: bool) -> Iterator[None]:
+    """Turns the on-the-fly BatchNorm folding of eval-mode forwards (see `Sequential`) on or off
+    inside the block; for comparing against the unfolded network."""
+    old = _FOLDING[0]
+    _FOLDING[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _FOLDING[0] = old
+
+
+def conv_bn_runs(children: list[nn.Module]) -> list:
+    """`children` with every `Conv3d -> BatchNorm [-> ReLU]` run (conv without its own activation,
+    BatchNorm tracking running statistics) replaced by the tuple (conv, bn, the ReLU or None)."""
+    out: list = []
+    i = 0
+    while i < len(children):
+        m = children[i]
+        nxt = children[i + 1] if i + 1 < len(children) else None
+        if (
+            isinstance(m, Conv3d)
+            and m.activation is None
+            and isinstance(nxt, BatchNorm)
+            and nxt.module.running_mean is not None
+            and nxt.module.num_features == m.out_channels
+        ):
+            relu = children[i + 2] if i + 2 < len(children) and isinstance(children[i + 2], ReLU) else None
+            out.append((m, nxt, relu))
+            i += 3 if relu is not None else 2
+        else:
+            out.append(m)
+            i += 1
+    return out
+
+
 class Sequential(nn.Sequential):
-    """`torch.nn.Sequential` whose input and output are VoxelTensors."""
+    """`torch.nn.Sequential` whose input and output are VoxelTensors.
+
+    In eval mode without autograd (`torch.no_grad()` / `torch.inference_mode()`), every
+    `Conv3d -> BatchNorm [-> ReLU]` run executes as one conv with the BatchNorm folded into its
+    weight and bias and the ReLU in its epilogue (`relconv.voxel.fold`): one kernel instead of
+    three, no BatchNorm host work. The folded parameters are cached per run in the dtype the conv
+    computes in (the autocast dtype under autocast) and rebuilt when any parameter or statistic
+    changes. `inference_folding(False)` runs the layers one by one instead.
+    """
+
+    def __init__(self, *args: nn.Module) -> None:
+        super().__init__(*args)
+        self._fold_plan: tuple[tuple, list] | None = None
 
     def forward(self, x: VoxelTensor) -> VoxelTensor:
         if not isinstance(x, VoxelTensor):
             raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
-        return super().forward(x)
+        if self.training or torch.is_grad_enabled() or not _FOLDING[0]:
+            return super().forward(x)
+        for step in self._inference_plan():
+            if type(step) is tuple:
+                conv, bn, relu, cache = step
+                if bn.module.training:  # a BatchNorm left in training mode normalises by the batch
+                    x = bn(conv(x))
+                    x = relu(x) if relu is not None else x
+                    continue
+                dev = x.feats.device.type
+                dtype = conv.weight.dtype
+                if dtype == torch.float32 and torch.is_autocast_enabled(dev):
+                    dtype = torch.get_autocast_dtype(dev)
+                w, b = cache.get(conv, bn.module, dtype)
+                x = _conv3d(
+                    x,
+                    w,
+                    conv.kernel_size,
+                    conv.stride,
+                    conv.dilation,
+                    conv.groups,
+                    b,
+                    conv.transposed,
+                    conv.generative,
+                    conv.indice_key,
+                    None if relu is None else "relu",
+                )
+            else:
+                x = step(x)
+        return x
+
+    def _inference_plan(self) -> list:
+        children = tuple(self._modules.values())
+        plan = self._fold_plan
+        if plan is None or plan[0] != children:
+            steps = [s + (FoldCache(),) if type(s) is tuple else s for s in conv_bn_runs(list(children))]
+            plan = self._fold_plan = (children, steps)
+        return plan[1]

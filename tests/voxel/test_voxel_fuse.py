@@ -4,7 +4,16 @@ import pytest
 import torch
 from voxel_markers import requires_cuda
 
-from relconv.voxel import BatchNorm, Conv3d, ReLU, Sequential, fold_batchnorm, fuse_conv_bn, voxelize
+from relconv.voxel import (
+    BatchNorm,
+    Conv3d,
+    ReLU,
+    Sequential,
+    fold_batchnorm,
+    fuse_conv_bn,
+    inference_folding,
+    voxelize,
+)
 from relconv.voxel.models import MinkUNet, ResNet
 from relconv.voxel.synthetic import raycast_scan
 
@@ -36,7 +45,7 @@ def test_fused_model_equals_eval_model(make):
     _randomise_bn(model)
     model.eval()
     x = _scan()
-    with torch.no_grad():
+    with torch.no_grad(), inference_folding(False):
         ref = model(x)
         fused = fuse_conv_bn(model)
         out = fused(x)
@@ -61,7 +70,7 @@ def test_fused_minkunet_matches_eval_model_in_low_precision(device, dtype, tol):
     _randomise_bn(model)
     model.eval()
     x64 = _scan()
-    with torch.no_grad():
+    with torch.no_grad(), inference_folding(False):
         truth = model(x64)
         x = x64.to(device, dtype)
         low = model.to(device, dtype)
@@ -83,7 +92,7 @@ def test_fold_relu_and_grouped_weights():
     seq.eval()
     fused = fuse_conv_bn(seq)
     assert len(fused) == 1 and fused[0].activation == "relu" and fused[0].bias is not None
-    with torch.no_grad():
+    with torch.no_grad(), inference_folding(False):
         torch.testing.assert_close(fused(x).feats, seq(x).feats, rtol=1e-10, atol=1e-10)
 
 
