@@ -50,6 +50,18 @@
 //   strided_coords(coords, step, input_error) -> [M, 4] unique floor(p / step) * step sites in
 //            order of first occurrence; one host sync (the count, read together with the error
 //            words), raises ValueError on bad coordinates.
+//
+// BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over
+// the N rows; weight, bias, running_mean, running_var [C] in one dtype: x's, or float32 for
+// float16 / bfloat16 x.
+//   batch_norm_act(...) -> (out, save_mean, save_invstd): out = relu?((x - mean) * invstd * weight
+//            + bias) in x's dtype. training: batch mean and biased variance, saved [C] in the
+//            accumulation dtype, and the running statistics (when given) blended in place with
+//            momentum, the variance unbiased (torch's semantics); otherwise the running statistics
+//            (required) and empty saved tensors. No host sync.
+//   batch_norm_act_backward(...) -> (grad_x, grad_weight, grad_bias): the outputs left out by
+//            output_mask are empty; grad_weight / grad_bias are in the parameter dtype. Not itself
+//            differentiable (the autograd node makes a double backward raise).
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -72,6 +84,14 @@ TORCH_LIBRARY(relconv, m) {
   m.def("neighbor_table_order(Tensor table) -> Tensor");
   m.def("table_pairs(Tensor table) -> (Tensor, Tensor, Tensor)");
   m.def("strided_coords(Tensor coords, int[3] step, Tensor? input_error=None) -> Tensor");
+  m.def(
+      "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+      "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "batch_norm_act_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, "
+      "Tensor? running_mean, Tensor? running_var, Tensor save_mean, Tensor save_invstd, bool training, "
+      "float eps, bool relu, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
 }
 
 PYBIND11_MODULE(_C, m) {

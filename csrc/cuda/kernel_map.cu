@@ -17,6 +17,7 @@
 #include <optional>
 #include <tuple>
 
+#include "cuda/device_buffers.h"
 #include "cuda/kernel_map_hash.cuh"
 #include "cuda/kernel_map_query.cuh"
 
@@ -45,16 +46,6 @@ at::Tensor row_major_coords(const at::Tensor& coords, const char* name) {
   return c;
 }
 
-// A new int32/int64 tensor with every byte set to `byte` (0 or 0xFF: zeros or -1 entries) by one
-// cudaMemsetAsync. at::full / at::zeros launch a TensorIterator fill whose host cost is several times
-// that of a memset, and the map builders allocate such tables for every coordinate set of a network.
-at::Tensor memset_tensor(at::IntArrayRef sizes, const at::TensorOptions& options, int byte, cudaStream_t stream) {
-  at::Tensor t = at::empty(sizes, options);
-  if (t.numel() > 0) C10_CUDA_CHECK(cudaMemsetAsync(t.mutable_data_ptr(), byte, t.nbytes(), stream));
-  return t;
-}
-constexpr int kAllOnes = 0xFF;  // every byte 0xFF: -1 in two's complement, the empty slot / no-neighbour mark
-
 int64_t hash_capacity(int64_t n) {
   int64_t cap = 32;
   while (cap < 2 * n) cap *= 2;
@@ -78,15 +69,18 @@ at::Tensor check_slots(const at::Tensor& slots, const at::Tensor& coords) {
   return slots.contiguous();
 }
 
-// Hash table over `coords` rows plus an int32 [1] error word (kErr* bits); no host synchronisation.
+// Hash table over `coords` rows plus an int32 [1] error word (kErr* bits, inverted: see
+// kernel_map_hash.cuh); no host synchronisation. Both live in one buffer set by one memset.
 std::tuple<at::Tensor, at::Tensor> coord_hash_cuda(const at::Tensor& coords) {
   const at::Tensor c = row_major_coords(coords, "coords");
   const c10::cuda::CUDAGuard guard(c.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n = c.size(0);
   static_assert(cuda::kEmptySlot == -1, "empty slots are set bytewise to 0xFF");
-  at::Tensor slots = memset_tensor({hash_capacity(n)}, c.options(), kAllOnes, stream);
-  at::Tensor error = memset_tensor({1}, c.options(), 0, stream);
+  const int64_t capacity = hash_capacity(n);
+  const at::Tensor buffer = memset_tensor({capacity + 1}, c.options(), kAllOnes, stream);
+  at::Tensor slots = buffer.narrow(0, 0, capacity);
+  at::Tensor error = buffer.narrow(0, capacity, 1);
   if (n > 0) {
     cuda::hash_insert_rows<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
         c.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(),
@@ -273,7 +267,7 @@ at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
   const c10::cuda::CUDAGuard guard(c.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n = c.size(0);
-  // status = [site count, coarse error bits, input error bits], read back in one copy.
+  // status = [site count, coarse error bits, inverted input error word], read back in one copy.
   at::Tensor status = memset_tensor({3}, c.options(), 0, stream);
   if (input_error.has_value()) {
     TORCH_CHECK_VALUE(input_error->numel() == 1 && input_error->scalar_type() == at::kInt &&
@@ -310,7 +304,7 @@ at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
   }
   const at::Tensor host = status.to(at::kCPU);
   const int32_t* h = host.const_data_ptr<int32_t>();
-  raise_coord_errors(h[1] | h[2]);
+  raise_coord_errors(h[1] | (input_error.has_value() ? ~h[2] : 0));
   const int64_t m = h[0];
   at::Tensor out = at::empty({m, 4}, c.options());
   if (m > 0) {

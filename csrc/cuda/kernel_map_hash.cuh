@@ -12,7 +12,9 @@ namespace relconv::cuda {
 
 constexpr int32_t kEmptySlot = -1;
 
-// Bits of the device error word that the insert kernels raise (read once per coordinate set).
+// Bits of the device error words the kernels raise (read once per coordinate set). The word of
+// hash_insert_rows starts all ones and has a bit CLEARED per problem (it shares the hash table's
+// one 0xFF memset); readers invert it.
 constexpr int32_t kErrDuplicate = 1;      // two rows hold the same (batch, x, y, z)
 constexpr int32_t kErrNegativeBatch = 2;  // a batch index below zero
 constexpr int32_t kErrOverflow = 4;       // a strided output coordinate left the int32 range
@@ -66,20 +68,20 @@ struct HashView {
 };
 
 // One thread per row: claims an empty slot with CAS. A slot already holding an equal row means a
-// duplicate coordinate; the row is then left out and the error word says so. Negative batch
+// duplicate coordinate; the row is then left out and the (inverted) error word says so. Negative batch
 // indices are flagged here too, so validating a new coordinate set costs this kernel and one read.
 __global__ void hash_insert_rows(const int32_t* __restrict__ coords, int64_t n, int32_t* __restrict__ slots,
                                  uint32_t mask, int32_t* __restrict__ error) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const Coord c = load_coord(coords, i);
-  if (c.b < 0) atomicOr(error, kErrNegativeBatch);
+  if (c.b < 0) atomicAnd(error, ~kErrNegativeBatch);
   uint32_t s = hash_coord(c) & mask;
   while (true) {
     const int32_t old = atomicCAS(slots + s, kEmptySlot, static_cast<int32_t>(i));
     if (old == kEmptySlot) return;
     if (same(load_coord(coords, old), c)) {
-      atomicOr(error, kErrDuplicate);
+      atomicAnd(error, ~kErrDuplicate);
       return;
     }
     s = (s + 1) & mask;

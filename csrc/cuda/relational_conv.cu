@@ -19,6 +19,7 @@
 #include "cuda/conv_forward.cuh"
 #include "cuda/conv_forward_table.cuh"
 #include "cuda/conv_weight_grad.cuh"
+#include "cuda/device_buffers.h"
 #include "cuda/tile_schedule.cuh"
 
 namespace relconv {
@@ -328,8 +329,9 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
     return relational_conv_table_cuda(x, weight, *neighbor_table, table_order, s, num_out, bias, relu);
   }
   const auto acc = acc_dtype(x.scalar_type());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // float32/float64 accumulate straight into the output; half/bfloat16 into an fp32 buffer, cast at the end.
-  at::Tensor out = at::zeros({num_out, s.groups * s.cout_g}, x.options().dtype(acc));
+  at::Tensor out = memset_tensor({num_out, s.groups * s.cout_g}, x.options().dtype(acc), 0, stream);
   // The atomics kernel has no epilogue (an output is complete only when every block is done): bias and
   // ReLU are two passes over the accumulator, before its one rounding to x's dtype.
   const auto finish = [&] {
@@ -344,7 +346,6 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
   const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
   const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   dispatch_types(x.scalar_type(), in_index.scalar_type(), [&](auto t, auto i) {
     using T = decltype(t);
@@ -402,7 +403,7 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
     buffer = at::empty({tiles, per_relation}, opts.dtype(acc));
     a.partial = reinterpret_cast<acc_t<T>*>(buffer.mutable_data_ptr());
   } else {
-    buffer = at::zeros({a.num_relations, per_relation}, opts.dtype(acc));
+    buffer = memset_tensor({a.num_relations, per_relation}, opts.dtype(acc), 0, stream);
     a.dw = reinterpret_cast<acc_t<T>*>(buffer.mutable_data_ptr());
   }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y), static_cast<unsigned>(a.groups));

@@ -1,5 +1,6 @@
 """The relational-convolution op family (torch.ops.relconv.*) with typed wrappers and autograd."""
 
+from relconv.ops.batch_norm import batch_norm_act
 from relconv.ops.dataflow import Dataflow
 from relconv.ops.relational_conv import (
     acc_dtype,
@@ -8,4 +9,11 @@ from relconv.ops.relational_conv import (
     relational_conv_weight_grad,
 )
 
-__all__ = ["Dataflow", "acc_dtype", "as_grouped_weight", "relational_conv", "relational_conv_weight_grad"]
+__all__ = [
+    "Dataflow",
+    "acc_dtype",
+    "as_grouped_weight",
+    "batch_norm_act",
+    "relational_conv",
+    "relational_conv_weight_grad",
+]

@@ -67,7 +67,7 @@ class CoordIndex:
         error = self.pending_error()
         if error is None:
             return
-        bits = int(error.item())
+        bits = ~int(error.item())  # the word starts all ones; a kernel clears a bit per problem
         if bits & 2:
             raise ValueError("coords batch indices (column 0) must be non-negative")
         if bits & 1:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from relconv.ops.batch_norm import batch_norm_act
 from relconv.voxel.conv import Conv3d, _conv3d
 from relconv.voxel.fold import FoldCache
 from relconv.voxel.tensor import VoxelTensor
@@ -27,10 +28,42 @@ class _FeatureWise(nn.Module):
 
 
 class BatchNorm(_FeatureWise):
-    """`torch.nn.BatchNorm1d` over voxels (statistics over all voxels of the batch)."""
+    """`torch.nn.BatchNorm1d` over voxels (statistics over all voxels of the batch).
+
+    Its parameters and state (`module`) are torch's; on CUDA it runs as relconv's `batch_norm_act`
+    op (two kernels a training forward and backward, one C++ autograd node), which also takes a
+    following ReLU in `Sequential`.
+    """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__(nn.BatchNorm1d(num_features, eps=eps, momentum=momentum))
+
+    def forward(self, x: VoxelTensor) -> VoxelTensor:
+        if not isinstance(x, VoxelTensor):
+            raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
+        return x.replace_feature(self.normalise(x.feats, relu=False))
+
+    def normalise(self, feats: torch.Tensor, relu: bool) -> torch.Tensor:
+        """`relu?(module(feats))`, the module's running statistics updated as torch updates them."""
+        bn = self.module
+        # momentum=None (a cumulative average) divides by num_batches_tracked on the host: torch's way.
+        if not feats.is_cuda or bn.momentum is None:
+            out = bn(feats)
+            return torch.relu(out) if relu else out
+        batch_stats = bn.training or bn.running_mean is None
+        if bn.training and bn.track_running_stats:
+            bn.num_batches_tracked.add_(1)
+        return batch_norm_act(
+            feats,
+            bn.weight,
+            bn.bias,
+            bn.running_mean if not bn.training or bn.track_running_stats else None,
+            bn.running_var if not bn.training or bn.track_running_stats else None,
+            batch_stats,
+            bn.momentum,
+            bn.eps,
+            relu,
+        )
 
 
 class ReLU(_FeatureWise):
@@ -87,6 +120,21 @@ def conv_bn_runs(children: list[nn.Module]) -> list:
     return out
 
 
+def bn_relu_pairs(children: list[nn.Module]) -> list:
+    """`children` with every `BatchNorm -> ReLU` pair replaced by the tuple (bn,): one op."""
+    out: list = []
+    i = 0
+    while i < len(children):
+        m = children[i]
+        if type(m) is BatchNorm and i + 1 < len(children) and isinstance(children[i + 1], ReLU):
+            out.append((m,))
+            i += 2
+        else:
+            out.append(m)
+            i += 1
+    return out
+
+
 class Sequential(nn.Sequential):
     """`torch.nn.Sequential` whose input and output are VoxelTensors.
 
@@ -96,18 +144,24 @@ class Sequential(nn.Sequential):
     three, no BatchNorm host work. The folded parameters are cached per run in the dtype the conv
     computes in (the autocast dtype under autocast) and rebuilt when any parameter or statistic
     changes. `inference_folding(False)` runs the layers one by one instead.
+    Otherwise (training, autograd) every `BatchNorm -> ReLU` pair runs as one `batch_norm_act`.
     """
 
     def __init__(self, *args: nn.Module) -> None:
         super().__init__(*args)
-        self._fold_plan: tuple[tuple, list] | None = None
+        self._fold_plan: tuple[tuple, tuple[list, list]] | None = None
 
     def forward(self, x: VoxelTensor) -> VoxelTensor:
         if not isinstance(x, VoxelTensor):
             raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
         if self.training or torch.is_grad_enabled() or not _FOLDING[0]:
-            return super().forward(x)
-        for step in self._inference_plan():
+            for step in self._plans()[1]:
+                if type(step) is tuple:  # BatchNorm -> ReLU as one op
+                    x = x.replace_feature(step[0].normalise(x.feats, relu=True))
+                else:
+                    x = step(x)
+            return x
+        for step in self._plans()[0]:
             if type(step) is tuple:
                 conv, bn, relu, cache = step
                 if bn.module.training:  # a BatchNorm left in training mode normalises by the batch
@@ -136,10 +190,12 @@ class Sequential(nn.Sequential):
                 x = step(x)
         return x
 
-    def _inference_plan(self) -> list:
+    def _plans(self) -> tuple[list, list]:
+        """(inference steps: folded Conv3d -> BatchNorm [-> ReLU] runs as (conv, bn, relu, cache);
+        layer steps: BatchNorm -> ReLU pairs as (bn,)), rebuilt when the children change."""
         children = tuple(self._modules.values())
         plan = self._fold_plan
         if plan is None or plan[0] != children:
-            steps = [s + (FoldCache(),) if type(s) is tuple else s for s in conv_bn_runs(list(children))]
-            plan = self._fold_plan = (children, steps)
+            inference = [s + (FoldCache(),) if type(s) is tuple else s for s in conv_bn_runs(list(children))]
+            plan = self._fold_plan = (children, (inference, bn_relu_pairs(list(children))))
         return plan[1]

@@ -51,9 +51,11 @@ def test_float32_weight_with_half_features_matches_explicit_cast(device, dtype):
     xb, wb = x.clone().requires_grad_(), w.clone().requires_grad_()
     ref = relational_conv(xb, wb.to(dtype), rmap)
     ref.backward(grad)
-    assert torch.equal(out, ref)
-    assert wa.grad.dtype == torch.float32 and torch.equal(wa.grad, wb.grad)
-    assert torch.equal(xa.grad, xb.grad)
+    # Same kernels on the same values; the CUDA weight gradient may sum its tiles with float atomics
+    # in either order, so it is compared to within its rounding, the rest bitwise.
+    assert torch.equal(out, ref) and torch.equal(xa.grad, xb.grad)
+    assert wa.grad.dtype == torch.float32
+    torch.testing.assert_close(wa.grad, wb.grad, rtol=1e-2 if dtype == torch.bfloat16 else 2e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("device,dtype", CASES)
