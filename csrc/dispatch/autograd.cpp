@@ -63,9 +63,11 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     at::AutoDispatchBelowADInplaceOrView below;
     // A float32 weight with half / bfloat16 x (a parameter under autocast, see autocast.cpp) runs in
     // x's dtype: cast here, unrecorded; the gradient comes back in x's dtype and the autograd engine
-    // casts it to the weight's dtype. The backward casts again from the saved weight, so a double
-    // backward still reaches the weight through a recorded cast. Other mismatches reach the checks.
-    const at::Tensor w = mixed_precision(x, weight) ? weight.to(x.scalar_type()) : weight;
+    // casts it to the weight's dtype. The cast copy is saved for the input gradient; a backward that
+    // builds a graph (double backward) casts again from the saved weight, so that the cast is
+    // recorded and reaches the weight. Other mismatches reach the checks.
+    const bool mixed = mixed_precision(x, weight);
+    const at::Tensor w = mixed ? weight.to(x.scalar_type()) : weight;
     at::Tensor out = conv_op().call(x, w, in_index, out_index, rel_ptr, scale, std::move(num_out),
                                     neighbor_table, table_order, bias, relu, transposed_table, transposed_order);
     // The transposed table serves the input gradient on CUDA only: the CPU kernel reads the pairs.
@@ -87,11 +89,11 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       // CUDA takes them; the backward needs pairs, so they are built here from the table, padded
       // and without a host sync (relconv::table_pairs).
       const auto [in, o, ptr] = table_pairs_op().call(*neighbor_table);
-      ctx->save_for_backward(
-          {x, weight, in, o, ptr, or_undefined(scale), saved_out, t_table, t_order, t_transposed, t_transposed_order});
+      ctx->save_for_backward({x, weight, in, o, ptr, or_undefined(scale), saved_out, t_table, t_order,
+                              t_transposed, t_transposed_order, mixed ? w : at::Tensor()});
     } else {
       ctx->save_for_backward({x, weight, in_index, out_index, rel_ptr, or_undefined(scale), saved_out, t_table,
-                              t_order, t_transposed, t_transposed_order});
+                              t_order, t_transposed, t_transposed_order, mixed ? w : at::Tensor()});
     }
     ctx->saved_data["num_in"] = x.sym_size(0);
     // needs_input_grad counts the tensor inputs actually given (absent optionals take no slot): the
@@ -116,8 +118,10 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     at::Tensor grad_x, grad_w, grad_bias;
     if (ctx->needs_input_grad(0)) {
       const c10::SymInt num_in = ctx->saved_data["num_in"].toSymInt();
-      const at::Tensor weight =  // the cast is recorded under create_graph
-          mixed_precision(x, saved_weight) ? saved_weight.to(x.scalar_type()) : saved_weight;
+      const at::Tensor& cast = saved[11];
+      const at::Tensor weight = !cast.defined()            ? saved_weight
+                                : at::GradMode::is_enabled() ? saved_weight.to(x.scalar_type())  // recorded
+                                                             : cast;
       if (transposed_table.defined()) {  // saved only when given on CUDA
         grad_x = table_input_grad(grad, weight, transposed_table, transposed_order, table, table_order, num_in);
       } else {

@@ -50,6 +50,11 @@ def batch_norm_act(
         raise ValueError(f"x must be a 2-D tensor [N, C], got {_describe(x)}")
     if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
         raise TypeError(f"momentum must be a float, got {type(momentum).__name__}")
+    if training and x.shape[0] == 1:
+        # Checked before the op too, with torch's message, so this common mistake raises from Python.
+        raise ValueError(
+            f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}"
+        )
     if x.is_cuda and x.dtype in _FLOATING:
         # The op checks the rest (ValueError naming the argument).
         x = x if x.is_contiguous() else x.contiguous()
