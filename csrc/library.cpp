@@ -75,7 +75,7 @@ TORCH_LIBRARY(relconv, m) {
       "Tensor? transposed_order=None) -> Tensor");
   m.def(
       "relational_conv_weight_grad(Tensor x, Tensor grad_out, Tensor in_index, "
-      "Tensor out_index, Tensor rel_ptr, Tensor? scale, int groups) -> Tensor");
+      "Tensor out_index, Tensor rel_ptr, Tensor? scale, int groups, ScalarType? out_dtype=None) -> Tensor");
   m.def("coord_hash(Tensor coords) -> (Tensor, Tensor)");
   m.def(
       "kernel_map_table(Tensor in_coords, Tensor slots, Tensor out_coords, int[3] kernel_size, "

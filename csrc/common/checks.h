@@ -156,6 +156,15 @@ inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& 
   TORCH_CHECK_VALUE(b.device() == x.device(), "bias must be on ", x.device(), " like x, got ", b.device());
 }
 
+// The weight gradient's dtype: x's, or float32 (the accumulator of half inputs, for float32 weights
+// under autocast: returned as accumulated, with no rounding to half and back).
+inline at::ScalarType weight_grad_dtype(const at::Tensor& x, std::optional<at::ScalarType> out_dtype) {
+  if (!out_dtype.has_value()) return x.scalar_type();
+  TORCH_CHECK_VALUE(*out_dtype == x.scalar_type() || *out_dtype == at::kFloat,
+                    "out_dtype must be x's dtype or float32, got ", *out_dtype, " for ", x.scalar_type(), " x");
+  return *out_dtype;
+}
+
 inline ConvShape check_weight_grad_args(const at::Tensor& x, const at::Tensor& grad_out,
                                         const at::Tensor& in_index, const at::Tensor& out_index,
                                         const at::Tensor& rel_ptr,

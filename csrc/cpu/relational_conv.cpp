@@ -259,13 +259,14 @@ int64_t wgrad_chunk(int64_t num_pairs, int64_t dw_elems, int64_t elem_size) {
 at::Tensor relational_conv_weight_grad_cpu(const at::Tensor& x, const at::Tensor& grad_out,
                                            const at::Tensor& in_index, const at::Tensor& out_index,
                                            const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale,
-                                           int64_t groups) {
+                                           int64_t groups, std::optional<at::ScalarType> out_dtype) {
   const ConvShape s = check_weight_grad_args(x, grad_out, in_index, out_index, rel_ptr, scale, groups);
+  const at::ScalarType out = weight_grad_dtype(x, out_dtype);
   check_map_data(in_index, out_index, rel_ptr, x.size(0), grad_out.size(0));
   const auto acc = acc_dtype(x.scalar_type());
   at::Tensor dw = at::zeros({s.num_relations, s.groups, s.cin_g, s.cout_g}, x.options().dtype(acc));
   const int64_t dw_elems = s.groups * s.cin_g * s.cout_g;
-  if (s.num_pairs == 0 || dw_elems == 0) return dw.to(x.scalar_type());
+  if (s.num_pairs == 0 || dw_elems == 0) return dw.to(out);
   const at::Tensor xc = x.contiguous(), gc = grad_out.contiguous();
   const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous();
   const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
@@ -337,7 +338,7 @@ at::Tensor relational_conv_weight_grad_cpu(const at::Tensor& x, const at::Tensor
       }
     });
   });
-  return dw.to(x.scalar_type());
+  return dw.to(out);
 }
 
 }  // namespace

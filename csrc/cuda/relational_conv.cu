@@ -377,12 +377,13 @@ int64_t weight_grad_target_tiles(int64_t target_blocks, int64_t blocks_per_tile,
   return std::clamp<int64_t>(target_blocks / std::max<int64_t>(1, blocks_per_tile), 1, std::max<int64_t>(1, max_tiles));
 }
 
-// Launches one weight-gradient kernel over every relation and returns dW in x's dtype. Deterministic
+// Launches one weight-gradient kernel over every relation and returns dW in `out` (x's dtype or the
+// float32 accumulator's: then the atomic path returns its buffer as it is). Deterministic
 // mode: per-tile partial sums, then weight_grad_reduce (3 launches, no atomics); otherwise atomics
 // into a zeroed fp32/fp64 buffer and a cast (4 launches).
 template <typename T, typename Idx, typename Cfg, int kStages, bool kTensorCores>
 at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& rel_ptr, bool deterministic,
-                              const at::TensorOptions& opts, cudaStream_t stream) {
+                              const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
   const int m_tiles = (a.cin_g + Cfg::BM - 1) / Cfg::BM;
   a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
   const int64_t y = int64_t{m_tiles} * a.n_tiles;
@@ -419,7 +420,7 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const std::vector<int64_t> sizes{a.num_relations, a.groups, a.cin_g, a.cout_g};
-  if (!deterministic) return buffer.view(sizes).to(opts.dtype().toScalarType());
+  if (!deterministic) return buffer.view(sizes).to(out);
   at::Tensor dw = at::empty(sizes, opts);
   const int64_t total = a.num_relations * per_relation;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
@@ -427,7 +428,7 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
                                                           a.tile_ptr, a.num_relations, per_relation,
                                                           reinterpret_cast<T*>(dw.mutable_data_ptr()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return dw;
+  return dw.to(out);
 }
 
 // Tensor cores (16-byte rows, sm_80+: mma.sync and cp.async): square tiles as wide as the channels,
@@ -437,7 +438,7 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
 // take the SIMT kernel.
 template <typename T, typename Idx>
 at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at::Tensor& rel_ptr, bool deterministic,
-                                const at::TensorOptions& opts, cudaStream_t stream) {
+                                const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
   constexpr bool k16Bit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
   if constexpr (k16Bit || std::is_same_v<T, float>) {
     constexpr int BK = 64 / sizeof(T);
@@ -445,32 +446,35 @@ at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at:
                               at::cuda::getCurrentDeviceProperties()->major >= 8;
     if (tensor_cores) {
       if (a.cin_g <= 32 && a.cout_g <= 32) {
-        return launch_weight_grad<T, Idx, Tiles<32, 32, BK, 16, 16>, 4, true>(a, rel_ptr, deterministic, opts, stream);
+        return launch_weight_grad<T, Idx, Tiles<32, 32, BK, 16, 16>, 4, true>(a, rel_ptr, deterministic, opts, out,
+                                                                             stream);
       }
       if (a.cin_g >= 128 && a.cout_g >= 128) {
         return launch_weight_grad<T, Idx, Tiles<128, 128, BK, 64, 32>, 3, true>(a, rel_ptr, deterministic, opts,
-                                                                               stream);
+                                                                               out, stream);
       }
-      return launch_weight_grad<T, Idx, Tiles<64, 64, BK, 32, 32>, 4, true>(a, rel_ptr, deterministic, opts, stream);
+      return launch_weight_grad<T, Idx, Tiles<64, 64, BK, 32, 32>, 4, true>(a, rel_ptr, deterministic, opts, out,
+                                                                           stream);
     }
   }
   if (a.cin_g <= 32 && a.cout_g <= 32) {
-    return launch_weight_grad<T, Idx, Tiles<32, 32, 16, 2, 2>, 1, false>(a, rel_ptr, deterministic, opts, stream);
+    return launch_weight_grad<T, Idx, Tiles<32, 32, 16, 2, 2>, 1, false>(a, rel_ptr, deterministic, opts, out, stream);
   }
-  return launch_weight_grad<T, Idx, Tiles<64, 64, 16, 4, 4>, 1, false>(a, rel_ptr, deterministic, opts, stream);
+  return launch_weight_grad<T, Idx, Tiles<64, 64, 16, 4, 4>, 1, false>(a, rel_ptr, deterministic, opts, out, stream);
 }
 
 // Deterministic (bitwise reproducible, no atomics) under torch.use_deterministic_algorithms(True).
 at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tensor& grad_out,
                                             const at::Tensor& in_index, const at::Tensor& out_index,
                                             const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale,
-                                            int64_t groups) {
+                                            int64_t groups, std::optional<at::ScalarType> out_dtype) {
   const ConvShape s = check_weight_grad_args(x, grad_out, in_index, out_index, rel_ptr, scale, groups);
+  const at::ScalarType out = weight_grad_dtype(x, out_dtype);
   TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
   const c10::cuda::CUDAGuard guard(x.device());
   if (s.num_pairs == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0 || x.size(0) == 0 ||
       grad_out.size(0) == 0) {
-    return at::zeros({s.num_relations, s.groups, s.cin_g, s.cout_g}, x.options());
+    return at::zeros({s.num_relations, s.groups, s.cin_g, s.cout_g}, x.options().dtype(out));
   }
   check_int32_channels(s);
   const at::Tensor xc = x.contiguous(), gc = grad_out.contiguous();
@@ -489,7 +493,7 @@ at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tenso
     fill_pair_args<T, Idx>(a, ii, oi, rp, sc, s, x.size(0), grad_out.size(0));
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
     a.vec_g = s.cout_g % V == 0 && aligned16(a.grad);
-    dw = weight_grad_by_width<T, Idx>(a, rp, deterministic, x.options(), stream);
+    dw = weight_grad_by_width<T, Idx>(a, rp, deterministic, x.options(), out, stream);
   });
   return dw;
 }

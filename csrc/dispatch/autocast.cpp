@@ -33,12 +33,13 @@ at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at
 template <c10::DispatchKey kKey, c10::DeviceType kDevice>
 at::Tensor weight_grad_autocast(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
-                                const std::optional<at::Tensor>& scale, int64_t groups) {
+                                const std::optional<at::Tensor>& scale, int64_t groups,
+                                std::optional<at::ScalarType> out_dtype) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
   const auto dtype = at::autocast::get_autocast_dtype(kDevice);
   return weight_grad_op().call(at::autocast::cached_cast(dtype, x, kDevice),
                                at::autocast::cached_cast(dtype, grad_out, kDevice), in_index, out_index, rel_ptr,
-                               scale, groups);
+                               scale, groups, out_dtype);
 }
 
 }  // namespace

@@ -130,7 +130,9 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       }
     }
     if (ctx->needs_input_grad(1)) {
-      grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, saved_weight.size(1));
+      // A float32 weight run in half precision gets its gradient as accumulated, in float32.
+      const auto dtype = saved[11].defined() ? std::optional(saved_weight.scalar_type()) : std::nullopt;
+      grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, saved_weight.size(1), dtype);
     }
     const int64_t bias_edge = ctx->saved_data["bias_edge"].toInt();
     if (bias_edge >= 0 && ctx->needs_input_grad(bias_edge)) {
@@ -147,10 +149,11 @@ class WeightGradFunction : public torch::autograd::Function<WeightGradFunction> 
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& grad_out,
                             const at::Tensor& in_index, const at::Tensor& out_index, const at::Tensor& rel_ptr,
-                            const std::optional<at::Tensor>& scale, int64_t groups) {
+                            const std::optional<at::Tensor>& scale, int64_t groups,
+                            std::optional<at::ScalarType> out_dtype) {
     at::AutoDispatchBelowADInplaceOrView below;
     ctx->save_for_backward({x, grad_out, in_index, out_index, rel_ptr, or_undefined(scale)});
-    return weight_grad_op().call(x, grad_out, in_index, out_index, rel_ptr, scale, groups);
+    return weight_grad_op().call(x, grad_out, in_index, out_index, rel_ptr, scale, groups, out_dtype);
   }
 
   // dW = WG(x, g) is bilinear: d/dx = conv(g, gw^T, transposed map), d/dg = conv(x, gw, map).
@@ -159,7 +162,7 @@ class WeightGradFunction : public torch::autograd::Function<WeightGradFunction> 
     const at::Tensor &x = saved[0], &grad_out = saved[1], &in_index = saved[2], &out_index = saved[3],
                      &rel_ptr = saved[4];
     const auto scale = as_optional(saved[5]);
-    const at::Tensor gw = grads[0].contiguous();
+    const at::Tensor gw = grads[0].to(x.scalar_type()).contiguous();  // out_dtype may be float32
     at::Tensor dx, dg;
     if (ctx->needs_input_grad(0)) {
       dx = conv_op().call(grad_out, gw.transpose(2, 3), out_index, in_index, rel_ptr, scale, x.sym_size(0),
@@ -169,7 +172,7 @@ class WeightGradFunction : public torch::autograd::Function<WeightGradFunction> 
       dg = conv_op().call(x, gw, in_index, out_index, rel_ptr, scale, grad_out.sym_size(0), std::nullopt,
                           std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);
     }
-    return {dx, dg, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dg, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -188,8 +191,9 @@ at::Tensor conv_autograd(const at::Tensor& x, const at::Tensor& weight, const at
 
 at::Tensor weight_grad_autograd(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
-                                const std::optional<at::Tensor>& scale, int64_t groups) {
-  return WeightGradFunction::apply(x, grad_out, in_index, out_index, rel_ptr, scale, groups);
+                                const std::optional<at::Tensor>& scale, int64_t groups,
+                                std::optional<at::ScalarType> out_dtype) {
+  return WeightGradFunction::apply(x, grad_out, in_index, out_index, rel_ptr, scale, groups, out_dtype);
 }
 
 }  // namespace

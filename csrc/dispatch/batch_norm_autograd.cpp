@@ -71,6 +71,9 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
           {x, or_undefined(weight), or_undefined(bias), or_undefined(running_mean), or_undefined(running_var)});
     }
     ctx->mark_non_differentiable({save_mean, save_invstd});
+    // The statistics outputs never get a gradient: materialising theirs would cost two zero-filled
+    // tensors (two fills) per backward. An undefined output gradient is handled below instead.
+    ctx->set_materialize_grads(false);
     ctx->saved_data["training"] = training;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["relu"] = relu;
@@ -82,6 +85,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(9);  // nothing flows back through the output
     const auto saved = ctx->get_saved_variables();
     const bool training = ctx->saved_data["training"].toBool();
     const int64_t weight_edge = ctx->saved_data["weight_edge"].toInt();

@@ -20,7 +20,8 @@ using ConvSignature = at::Tensor(const at::Tensor& x, const at::Tensor& weight, 
                                  const std::optional<at::Tensor>& transposed_order);
 using WeightGradSignature = at::Tensor(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,
                                        const at::Tensor& out_index, const at::Tensor& rel_ptr,
-                                       const std::optional<at::Tensor>& scale, int64_t groups);
+                                       const std::optional<at::Tensor>& scale, int64_t groups,
+                                       std::optional<at::ScalarType> out_dtype);
 
 inline const c10::TypedOperatorHandle<ConvSignature>& conv_op() {
   static const auto op =

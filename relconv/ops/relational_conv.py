@@ -228,9 +228,10 @@ def _transpose_table_fake(table, num_in):
 
 
 @torch.library.register_fake("relconv::relational_conv_weight_grad")
-def _weight_grad_fake(x, grad_out, in_index, out_index, rel_ptr, scale, groups):
+def _weight_grad_fake(x, grad_out, in_index, out_index, rel_ptr, scale, groups, out_dtype=None):
     r = rel_ptr.shape[0] - 1
-    return x.new_empty((r, groups, x.shape[1] // groups, grad_out.shape[1] // groups))
+    shape = (r, groups, x.shape[1] // groups, grad_out.shape[1] // groups)
+    return x.new_empty(shape, dtype=out_dtype or x.dtype)
 
 
 # Autograd and autocast of both ops are C++ kernels (csrc/dispatch/): a Python autograd function
