@@ -121,9 +121,25 @@ at::Tensor kernel_map_table_cuda(const at::Tensor& in_coords, const at::Tensor& 
   const cuda::KernelGeometry g = geometry(kernel_size, step);
   const c10::cuda::CUDAGuard guard(ci.device());
   const int64_t m = co.size(0);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // A submanifold map (the same coordinates on both sides) of an odd kernel is symmetric: half the
+  // queries fill the table (submanifold_table_kernel), over a -1 fill.
+  const bool symmetric = in_coords.is_same(out_coords) && (g.size[0] & g.size[1] & g.size[2] & 1);
+  if (symmetric && m > 0) {
+    at::Tensor table = memset_tensor({m, g.volume}, ci.options().dtype(dtype), kAllOnes, stream);
+    const unsigned blocks = blocks_for(m * (g.volume / 2 + 1));
+    if (dtype == at::kInt) {
+      cuda::submanifold_table_kernel<int32_t>
+          <<<blocks, cuda::kMapThreads, 0, stream>>>(view(ci, s), m, g, table.mutable_data_ptr<int32_t>());
+    } else {
+      cuda::submanifold_table_kernel<int64_t>
+          <<<blocks, cuda::kMapThreads, 0, stream>>>(view(ci, s), m, g, table.mutable_data_ptr<int64_t>());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return table;
+  }
   at::Tensor table = at::empty({m, g.volume}, ci.options().dtype(dtype));
   if (m == 0) return table;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const unsigned blocks = blocks_for(m * g.volume);
   if (dtype == at::kInt) {
     cuda::neighbor_table_kernel<int32_t><<<blocks, cuda::kMapThreads, 0, stream>>>(

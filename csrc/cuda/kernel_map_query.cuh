@@ -49,6 +49,40 @@ __global__ void neighbor_table_kernel(HashView in, const int32_t* __restrict__ o
   table[t] = static_cast<Idx>(row);
 }
 
+// The submanifold table of a symmetric kernel (odd size per axis, offsets -r..r: offset K-1-k is
+// -offset_k) from half the queries: p_i = p_o + offset_k exactly when p_o = p_i + offset_{K-1-k},
+// so the query of (o, k) for k below the centre also answers (i, K-1-k), and the centre entry is
+// o itself. 13 hash probes per output instead of 27 for 3^3: the probes (random reads of the hash
+// table and of the coordinate rows) are what the build costs once a scene outgrows the L2 cache.
+// One thread per (o, k <= centre), k fastest. `table` must be filled with -1 first: the mirrored
+// entries of absent neighbours are written by no one. Coordinates are unique (else the caller
+// raises before the table is used), so no mirrored entry is written twice.
+template <typename Idx>
+__global__ void submanifold_table_kernel(HashView in, int64_t n, KernelGeometry g, Idx* __restrict__ table) {
+  const int32_t half = g.volume / 2;  // the centre's index; queries k < half, mirrors K-1-k > half
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n * (half + 1)) return;
+  const int64_t o = t / (half + 1);
+  const int32_t k = static_cast<int32_t>(t - o * (half + 1));
+  if (k == half) {
+    table[o * g.volume + half] = static_cast<Idx>(o);
+    return;
+  }
+  const int32_t kz = k % g.size[2];
+  const int32_t ky = (k / g.size[2]) % g.size[1];
+  const int32_t kx = k / (g.size[2] * g.size[1]);
+  const Coord p = load_coord(in.coords, o);
+  const int64_t qx = p.x + axis_offset(kx, g.size[0]) * g.step[0];
+  const int64_t qy = p.y + axis_offset(ky, g.size[1]) * g.step[1];
+  const int64_t qz = p.z + axis_offset(kz, g.size[2]) * g.step[2];
+  int32_t row = -1;
+  if (fits_int32(qx) && fits_int32(qy) && fits_int32(qz)) {
+    row = in.find(Coord{p.b, static_cast<int32_t>(qx), static_cast<int32_t>(qy), static_cast<int32_t>(qz)});
+  }
+  table[o * g.volume + k] = static_cast<Idx>(row);
+  if (row >= 0) table[static_cast<int64_t>(row) * g.volume + (g.volume - 1 - k)] = static_cast<Idx>(o);
+}
+
 // The transposed map's table from a forward table: pair (i, o, k) becomes (o, i, k). Every input
 // row feeds at most one output per offset (q = p - offset is unique), so the writes never collide.
 // `transposed` must be filled with -1 first.
