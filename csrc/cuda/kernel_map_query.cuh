@@ -25,9 +25,22 @@ __device__ __forceinline__ bool fits_int32(int64_t v) {
   return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
 }
 
+// The input row at p + offset_k * step, or -1. Queries that leave the int32 range cannot match any
+// input and are misses.
+__device__ __forceinline__ int32_t find_neighbor(const HashView& in, const Coord& p, int32_t k,
+                                                 const KernelGeometry& g) {
+  const int32_t kz = k % g.size[2];
+  const int32_t ky = (k / g.size[2]) % g.size[1];
+  const int32_t kx = k / (g.size[2] * g.size[1]);
+  const int64_t qx = p.x + axis_offset(kx, g.size[0]) * g.step[0];
+  const int64_t qy = p.y + axis_offset(ky, g.size[1]) * g.step[1];
+  const int64_t qz = p.z + axis_offset(kz, g.size[2]) * g.step[2];
+  if (!fits_int32(qx) || !fits_int32(qy) || !fits_int32(qz)) return -1;
+  return in.find(Coord{p.b, static_cast<int32_t>(qx), static_cast<int32_t>(qy), static_cast<int32_t>(qz)});
+}
+
 // table[o, k] = input row at out_coords[o] + offset_k * step, or -1. One thread per (o, k) with k
 // fastest, so a warp writes consecutive table entries and re-reads one output row from cache.
-// Queries that leave the int32 range cannot match any input and are misses.
 template <typename Idx>
 __global__ void neighbor_table_kernel(HashView in, const int32_t* __restrict__ out_coords, int64_t num_out,
                                       KernelGeometry g, Idx* __restrict__ table) {
@@ -35,18 +48,7 @@ __global__ void neighbor_table_kernel(HashView in, const int32_t* __restrict__ o
   if (t >= num_out * g.volume) return;
   const int64_t o = t / g.volume;
   const int32_t k = static_cast<int32_t>(t - o * g.volume);
-  const int32_t kz = k % g.size[2];
-  const int32_t ky = (k / g.size[2]) % g.size[1];
-  const int32_t kx = k / (g.size[2] * g.size[1]);
-  const Coord p = load_coord(out_coords, o);
-  const int64_t qx = p.x + axis_offset(kx, g.size[0]) * g.step[0];
-  const int64_t qy = p.y + axis_offset(ky, g.size[1]) * g.step[1];
-  const int64_t qz = p.z + axis_offset(kz, g.size[2]) * g.step[2];
-  int32_t row = -1;
-  if (fits_int32(qx) && fits_int32(qy) && fits_int32(qz)) {
-    row = in.find(Coord{p.b, static_cast<int32_t>(qx), static_cast<int32_t>(qy), static_cast<int32_t>(qz)});
-  }
-  table[t] = static_cast<Idx>(row);
+  table[t] = static_cast<Idx>(find_neighbor(in, load_coord(out_coords, o), k, g));
 }
 
 // The submanifold table of a symmetric kernel (odd size per axis, offsets -r..r: offset K-1-k is
@@ -68,17 +70,7 @@ __global__ void submanifold_table_kernel(HashView in, int64_t n, KernelGeometry 
     table[o * g.volume + half] = static_cast<Idx>(o);
     return;
   }
-  const int32_t kz = k % g.size[2];
-  const int32_t ky = (k / g.size[2]) % g.size[1];
-  const int32_t kx = k / (g.size[2] * g.size[1]);
-  const Coord p = load_coord(in.coords, o);
-  const int64_t qx = p.x + axis_offset(kx, g.size[0]) * g.step[0];
-  const int64_t qy = p.y + axis_offset(ky, g.size[1]) * g.step[1];
-  const int64_t qz = p.z + axis_offset(kz, g.size[2]) * g.step[2];
-  int32_t row = -1;
-  if (fits_int32(qx) && fits_int32(qy) && fits_int32(qz)) {
-    row = in.find(Coord{p.b, static_cast<int32_t>(qx), static_cast<int32_t>(qy), static_cast<int32_t>(qz)});
-  }
+  const int32_t row = find_neighbor(in, load_coord(in.coords, o), k, g);
   table[o * g.volume + k] = static_cast<Idx>(row);
   if (row >= 0) table[static_cast<int64_t>(row) * g.volume + (g.volume - 1 - k)] = static_cast<Idx>(o);
 }

@@ -50,16 +50,17 @@ class BatchNorm(_FeatureWise):
         if not feats.is_cuda or bn.momentum is None:
             out = bn(feats)
             return torch.relu(out) if relu else out
-        batch_stats = bn.training or bn.running_mean is None
         if bn.training and bn.track_running_stats:
             bn.num_batches_tracked.add_(1)
+        # torch's rule: the running statistics are read in eval mode and updated in training when tracked.
+        use_running = not bn.training or bn.track_running_stats
         return batch_norm_act(
             feats,
             bn.weight,
             bn.bias,
-            bn.running_mean if not bn.training or bn.track_running_stats else None,
-            bn.running_var if not bn.training or bn.track_running_stats else None,
-            batch_stats,
+            bn.running_mean if use_running else None,
+            bn.running_var if use_running else None,
+            bn.training or bn.running_mean is None,
             bn.momentum,
             bn.eps,
             relu,

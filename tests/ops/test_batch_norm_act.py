@@ -97,8 +97,15 @@ def test_cpu_matches_torch(fn, dtype, training, relu):
 
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("relu", [False, True])
-def test_cpu_op_gradcheck(training, relu):
-    x, w, b, rm, rv = make_inputs(9, 3, torch.float64, "cpu", offset=0.5)
+@pytest.mark.parametrize(
+    ("device", "n", "c", "offset"),
+    [
+        pytest.param("cpu", 9, 3, 0.5, id="cpu"),
+        pytest.param("cuda", 13, 5, 0.3, id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
+    ],
+)
+def test_op_gradcheck(device, n, c, offset, training, relu):
+    x, w, b, rm, rv = make_inputs(n, c, torch.float64, device, offset=offset)
     x, w, b = (t.requires_grad_() for t in (x, w, b))
     # Fresh running statistics per call: gradcheck calls the function many times.
     assert torch.autograd.gradcheck(
@@ -306,18 +313,6 @@ def test_cuda_unaligned_and_noncontiguous():
         F.batch_norm(x, rm.clone(), rv.clone(), w, b, True),
         rtol=1e-4,
         atol=1e-4,
-    )
-
-
-@pytest.mark.cuda
-@requires_cuda
-@pytest.mark.parametrize("training", [True, False])
-@pytest.mark.parametrize("relu", [False, True])
-def test_cuda_gradcheck(training, relu):
-    x, w, b, rm, rv = make_inputs(13, 5, torch.float64, "cuda", offset=0.3)
-    x, w, b = (t.requires_grad_() for t in (x, w, b))
-    assert torch.autograd.gradcheck(
-        lambda x, w, b: OP(x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5, relu)[0], (x, w, b)
     )
 
 

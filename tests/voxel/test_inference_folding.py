@@ -3,30 +3,11 @@ layer-by-layer network, parameters and statistics followed, never in training or
 
 import pytest
 import torch
+from batchnorm_scenes import randomise_batchnorm, scan
 from voxel_markers import requires_cuda
 
-from relconv.voxel import BatchNorm, Conv3d, ReLU, Sequential, inference_folding, voxelize
+from relconv.voxel import BatchNorm, Conv3d, ReLU, Sequential, inference_folding
 from relconv.voxel.models import MinkUNet
-from relconv.voxel.synthetic import raycast_scan
-
-
-def _scan(dtype=torch.float64, voxel=0.4):
-    points, intensity = raycast_scan(beams=16, azimuth_steps=256, seed=0)
-    pts = torch.from_numpy(points)
-    feats = torch.cat([pts, torch.from_numpy(intensity)[:, None]], 1).to(dtype)
-    return voxelize(pts, voxel, feats=feats).tensor
-
-
-def _randomise_bn(model, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm1d):
-                n = m.num_features
-                m.running_mean.copy_(torch.randn(n, generator=gen))
-                m.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
-                m.weight.copy_(torch.randn(n, generator=gen))
-                m.bias.copy_(torch.randn(n, generator=gen))
 
 
 def _count_batchnorm_calls(monkeypatch):
@@ -45,12 +26,12 @@ def _count_batchnorm_calls(monkeypatch):
 def _model():
     torch.manual_seed(0)
     model = MinkUNet(4, 5, width=0.25).double()
-    _randomise_bn(model)
+    randomise_batchnorm(model)
     return model.eval()
 
 
 def test_eval_no_grad_folds_every_batchnorm_and_matches_unfolded(monkeypatch):
-    model, x = _model(), _scan()
+    model, x = _model(), scan()
     calls = _count_batchnorm_calls(monkeypatch)
     with torch.no_grad(), inference_folding(False):
         ref = model(x)
@@ -66,9 +47,9 @@ def test_eval_no_grad_folds_every_batchnorm_and_matches_unfolded(monkeypatch):
 
 def test_folding_follows_parameter_and_statistic_changes():
     seq = Sequential(Conv3d(4, 8, 3, bias=True), BatchNorm(8), ReLU()).double()
-    _randomise_bn(seq, seed=1)
+    randomise_batchnorm(seq, seed=1)
     seq.eval()
-    x = _scan()
+    x = scan()
 
     def check():
         with torch.no_grad():
@@ -94,7 +75,7 @@ def test_folding_follows_parameter_and_statistic_changes():
 
 
 def test_no_folding_in_training_or_under_autograd(monkeypatch):
-    model, x = _model(), _scan()
+    model, x = _model(), scan()
     calls = _count_batchnorm_calls(monkeypatch)
     model(x).sum().backward()  # eval mode, grad enabled: layer by layer, BatchNorm differentiable
     bn = next(m.module for m in model.modules() if isinstance(m, BatchNorm))
@@ -109,7 +90,7 @@ def test_no_folding_in_training_or_under_autograd(monkeypatch):
 def test_batchnorm_left_in_training_mode_is_not_folded():
     seq = Sequential(Conv3d(4, 8, 3), BatchNorm(8), ReLU()).double().eval()
     seq[1].train()
-    x = _scan()
+    x = scan()
     with torch.no_grad():
         out = seq(x).feats
         with inference_folding(False):
@@ -124,11 +105,11 @@ def test_batchnorm_left_in_training_mode_is_not_folded():
 def test_folding_under_autocast_caches_the_autocast_dtype(device, dtype):
     torch.manual_seed(0)
     model = MinkUNet(4, 5, width=0.25)
-    _randomise_bn(model)
+    randomise_batchnorm(model)
     model = model.to(device).eval()
-    x = _scan(torch.float32).to(device)
+    x = scan(torch.float32).to(device)
     with torch.no_grad():
-        truth = model.double()(_scan().to(device))
+        truth = model.double()(scan().to(device))
         model.float()
         with torch.autocast(device, dtype=dtype):
             out = model(x)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from batchnorm_scenes import randomise_batchnorm, scan
 from voxel_markers import requires_cuda
 
 from relconv.voxel import (
@@ -12,39 +13,17 @@ from relconv.voxel import (
     fold_batchnorm,
     fuse_conv_bn,
     inference_folding,
-    voxelize,
 )
 from relconv.voxel.models import MinkUNet, ResNet
-from relconv.voxel.synthetic import raycast_scan
-
-
-def _scan(voxel=0.4, dtype=torch.float64):
-    points, intensity = raycast_scan(beams=16, azimuth_steps=256, seed=0)
-    pts = torch.from_numpy(points)
-    feats = torch.cat([pts, torch.from_numpy(intensity)[:, None]], 1).to(dtype)
-    return voxelize(pts, voxel, feats=feats).tensor
-
-
-def _randomise_bn(model, seed=0):
-    """Non-trivial running statistics and affine parameters (fresh BN layers are near-identity)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm1d):
-                n = m.num_features
-                m.running_mean.copy_(torch.randn(n, generator=gen))
-                m.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
-                m.weight.copy_(torch.randn(n, generator=gen))
-                m.bias.copy_(torch.randn(n, generator=gen))
 
 
 @pytest.mark.parametrize("make", [lambda: MinkUNet(4, 5, width=0.25), lambda: ResNet(4, (8, 16), (1, 1), 3)])
 def test_fused_model_equals_eval_model(make):
     torch.manual_seed(0)
     model = make().double()
-    _randomise_bn(model)
+    randomise_batchnorm(model)
     model.eval()
-    x = _scan()
+    x = scan()
     with torch.no_grad(), inference_folding(False):
         ref = model(x)
         fused = fuse_conv_bn(model)
@@ -67,9 +46,9 @@ def test_fused_minkunet_matches_eval_model_in_low_precision(device, dtype, tol):
     the float64 model so that neither side's rounding is taken as the truth."""
     torch.manual_seed(0)
     model = MinkUNet(4, 5, width=0.25).double()
-    _randomise_bn(model)
+    randomise_batchnorm(model)
     model.eval()
-    x64 = _scan()
+    x64 = scan()
     with torch.no_grad(), inference_folding(False):
         truth = model(x64)
         x = x64.to(device, dtype)
@@ -86,9 +65,9 @@ def test_fused_minkunet_matches_eval_model_in_low_precision(device, dtype, tol):
 
 def test_fold_relu_and_grouped_weights():
     torch.manual_seed(0)
-    x = _scan(dtype=torch.float64)
+    x = scan(dtype=torch.float64)
     seq = Sequential(Conv3d(4, 8, 3, groups=2, bias=True), BatchNorm(8), ReLU()).double()
-    _randomise_bn(seq, seed=1)
+    randomise_batchnorm(seq, seed=1)
     seq.eval()
     fused = fuse_conv_bn(seq)
     assert len(fused) == 1 and fused[0].activation == "relu" and fused[0].bias is not None
