@@ -2,7 +2,8 @@
 //
 // Shapes (G = groups, R = relations, P = pairs):
 //   x        [N_in, G * C_in_g]
-//   weight   [R, G, C_in_g, C_out_g]
+//   weight   [R, G, C_in_g, C_out_g], or [R, C_in, C_out] when G = 1 (the same memory as the 4-D
+//            view; callers pass their parameter as it is instead of recording a view per call)
 //   in_index, out_index  [P], int32 or int64 (same dtype), pairs sorted by relation
 //   rel_ptr  [R + 1] int64, CSR offsets of each relation's pairs
 //   scale    [P] in the accumulation dtype (float64 for float64 inputs, float32 otherwise)

@@ -68,22 +68,41 @@ inline void check_features(const char* name, const at::Tensor& t) {
                     name, " must be float32, float64, float16 or bfloat16, got ", dt);
 }
 
+// The op takes the weight as [R, C_in, C_out] (groups == 1) or [R, groups, C_in/groups, C_out/groups].
+// The 3-D form exists so that a caller with groups == 1 passes its parameter as it is: a view of its
+// own would be an autograd node per call, while the view below autograd (grouped_weight) is free.
+inline void check_weight_layout(const at::Tensor& weight) {
+  TORCH_CHECK_VALUE(weight.dim() == 3 || weight.dim() == 4,
+                    "weight must be 3-D [R, C_in, C_out] (groups = 1) or 4-D [R, groups, C_in/groups, "
+                    "C_out/groups], got shape ",
+                    weight.sizes());
+}
+
+// The 4-D layout the kernels index, [R, G, C_in/G, C_out/G]: a 3-D weight gains a unit group
+// dimension. A contiguous 3-D weight has the memory of its 4-D view, so kernels that read only the
+// data pointer and ConvShape (the CUDA launchers) may take either form as it is.
+inline at::Tensor grouped_weight(const at::Tensor& weight) {
+  check_weight_layout(weight);
+  return weight.dim() == 3 ? weight.unsqueeze(1) : weight;
+}
+
 // With `allow_absent_pairs` (the CUDA table forward), empty pair lists and rel_ptr are accepted and
-// ConvShape::num_pairs is -1 (unknown).
+// ConvShape::num_pairs is -1 (unknown). The shape describes the weight's 4-D layout (grouped_weight).
 inline ConvShape check_conv_args(const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& in_index, const at::Tensor& out_index,
                                  const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale,
                                  bool allow_absent_pairs = false) {
   check_features("x", x);
-  TORCH_CHECK_VALUE(weight.dim() == 4, "weight must be 4-D [R, groups, C_in/groups, C_out/groups], got ",
-                    weight.sizes());
+  check_weight_layout(weight);
   TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "weight dtype (", weight.scalar_type(),
                     ") must match x dtype (", x.scalar_type(), ")");
   TORCH_CHECK_VALUE(weight.device() == x.device(), "weight must be on ", x.device(), " like x, got ",
                     weight.device());
   check_map(x, in_index, out_index, rel_ptr, scale, x.scalar_type(), allow_absent_pairs);
   const bool absent = allow_absent_pairs && rel_ptr.numel() == 0;
-  ConvShape s{weight.size(0), weight.size(1), weight.size(2), weight.size(3), absent ? -1 : in_index.numel()};
+  const bool flat = weight.dim() == 3;
+  ConvShape s{weight.size(0), flat ? 1 : weight.size(1), weight.size(flat ? 1 : 2), weight.size(flat ? 2 : 3),
+              absent ? -1 : in_index.numel()};
   TORCH_CHECK_VALUE(absent || rel_ptr.numel() == s.num_relations + 1, "rel_ptr has ", rel_ptr.numel(),
                     " entries but weight has ", s.num_relations, " relations (expected R + 1 = ",
                     s.num_relations + 1, ")");

@@ -223,7 +223,7 @@ at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, co
   // No pairs, or no channels (BLAS rejects a zero leading dimension): the sum is all zeros.
   if (s.num_pairs == 0 || cout == 0 || cin == 0) return finish(out, bias, relu, x.scalar_type());
   const at::Tensor xc = x.contiguous();
-  const at::Tensor wa = weight.to(acc).contiguous();
+  const at::Tensor wa = grouped_weight(weight).to(acc).contiguous();
   const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous();
   const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
   const auto* ptr = rel_ptr.data_ptr<int64_t>();

@@ -54,7 +54,7 @@ int64_t hash_capacity(int64_t n) {
 
 cuda::HashView view(const at::Tensor& coords, const at::Tensor& slots) {
   return cuda::HashView{coords.const_data_ptr<int32_t>(), slots.const_data_ptr<int32_t>(),
-                        static_cast<uint32_t>(slots.numel() - 1)};
+                        cuda::SlotLayout::of_capacity(slots.numel()), coords.size(0)};
 }
 
 at::Tensor check_slots(const at::Tensor& slots, const at::Tensor& coords) {
@@ -84,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor> coord_hash_cuda(const at::Tensor& coords) {
   if (n > 0) {
     cuda::hash_insert_rows<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
         c.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(),
-        static_cast<uint32_t>(slots.numel() - 1), error.mutable_data_ptr<int32_t>());
+        cuda::SlotLayout::of_capacity(slots.numel()), error.mutable_data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {slots, error};
@@ -301,9 +301,9 @@ at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
     cuda::coarse_coords_kernel<<<blocks, cuda::kMapThreads, 0, stream>>>(
         c.const_data_ptr<int32_t>(), n, step[0], step[1], step[2], coarse.mutable_data_ptr<int32_t>(), st + 1);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const auto mask = static_cast<uint32_t>(slots.numel() - 1);
     cuda::hash_insert_min_rows<<<blocks, cuda::kMapThreads, 0, stream>>>(
-        coarse.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(), mask);
+        coarse.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(),
+        cuda::SlotLayout::of_capacity(slots.numel()));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     cuda::site_representatives_kernel<<<blocks, cuda::kMapThreads, 0, stream>>>(
         view(coarse, slots), n, representative.mutable_data_ptr<int32_t>());

@@ -1,11 +1,17 @@
 #pragma once
 // GPU hash table over voxel coordinates, keyed by the coordinate row itself.
 //
-// A slot holds the int32 index of a row of an `[N, 4]` int32 (batch, x, y, z) coordinate array, or
-// kEmptySlot. Keys are never packed: a probe compares the four int32 of the stored row with the
-// query, so any int32 coordinates work and no coordinate bounds (a host read) are needed. Open
-// addressing with linear probing in a power-of-two table kept at most half full; the table is
-// only ever filled by one insert kernel and read afterwards, so lookups need no atomics.
+// A slot is one int32: kEmptySlot, or a row index of an `[N, 4]` int32 (batch, x, y, z) coordinate
+// array in the low `row_bits` bits under a tag (bits of the key's hash that did not pick the slot)
+// in the bits above, the sign bit staying 0. Keys are never packed: a probe that finds a slot with
+// its tag compares the four int32 of the stored row with the query, so any int32 coordinates work
+// and no coordinate bounds (a host read) are needed. The tag is why probes are cheap: a probe reads
+// the coordinate row (a second random read, from DRAM once a scene outgrows the L2 cache) only for
+// slots whose tag matches, almost always the key itself, instead of for every occupied slot it
+// passes. With capacity 2^k, rows need k - 1 bits (the table is at most half full), which leaves
+// 32 - k tag bits in the same 4 bytes: 9 bits for a 3.5M-voxel scene, so the table costs no more
+// memory than plain row indices. Open addressing with linear probing in a power-of-two table; the
+// table is only ever filled by one insert kernel and read afterwards, so lookups need no atomics.
 #include <cstdint>
 
 namespace relconv::cuda {
@@ -36,8 +42,9 @@ __device__ __forceinline__ bool same(const Coord& a, const Coord& b) {
 }
 
 // Neighbouring voxels differ in one low bit of one field; the multiply-xorshift finaliser spreads
-// that over the whole word so linear probing sees no clustering along scan lines.
-__device__ __forceinline__ uint32_t hash_coord(const Coord& c) {
+// that over the whole word so linear probing sees no clustering along scan lines. The low bits pick
+// the slot, the high 32 give the tag.
+__device__ __forceinline__ uint64_t hash_coord(const Coord& c) {
   uint64_t h = static_cast<uint64_t>(static_cast<uint32_t>(c.b)) * 0x9E3779B97F4A7C15ull;
   h += static_cast<uint64_t>(static_cast<uint32_t>(c.x)) * 0xC2B2AE3D27D4EB4Full;
   h += static_cast<uint64_t>(static_cast<uint32_t>(c.y)) * 0x165667B19E3779F9ull;
@@ -47,22 +54,48 @@ __device__ __forceinline__ uint32_t hash_coord(const Coord& c) {
   h ^= h >> 33;
   h *= 0xC4CEB9FE1A85EC53ull;
   h ^= h >> 33;
-  return static_cast<uint32_t>(h);
+  return h;
 }
+
+// Slot layout of a table of capacity mask + 1 = 2^k (see the top of this file), built on the host.
+struct SlotLayout {
+  uint32_t mask;
+  int32_t row_bits;  // k - 1
+
+  static SlotLayout of_capacity(int64_t capacity) {
+    int32_t k = 0;
+    while ((int64_t{1} << k) < capacity) ++k;
+    return SlotLayout{static_cast<uint32_t>(capacity - 1), k - 1};
+  }
+  __device__ __forceinline__ uint32_t first(uint64_t h) const { return static_cast<uint32_t>(h) & mask; }
+  __device__ __forceinline__ int32_t entry(uint64_t h, int64_t row) const {
+    const auto tag = static_cast<uint32_t>(h >> 32) >> (row_bits + 1);  // 31 - row_bits bits
+    return static_cast<int32_t>(tag << row_bits | static_cast<uint32_t>(row));
+  }
+  __device__ __forceinline__ int32_t row(int32_t e) const { return e & ((1 << row_bits) - 1); }
+  // Whether slot entry e (not empty) may hold the key whose entries look like `like`.
+  __device__ __forceinline__ bool same_tag(int32_t e, int32_t like) const { return (e ^ like) >> row_bits == 0; }
+};
 
 struct HashView {
   const int32_t* coords;  // the rows the slots point into
-  const int32_t* slots;   // [mask + 1]
-  uint32_t mask;
+  const int32_t* slots;   // [layout.mask + 1]
+  SlotLayout layout;
+  int64_t num_rows;  // coords rows: a slot table built for other coordinates gives misses, not stray reads
 
   // Row holding `c`, or -1. Terminates because the table always has empty slots.
   __device__ __forceinline__ int32_t find(const Coord& c) const {
-    uint32_t s = hash_coord(c) & mask;
+    const uint64_t h = hash_coord(c);
+    const int32_t like = layout.entry(h, 0);
+    uint32_t s = layout.first(h);
     while (true) {
-      const int32_t row = slots[s];
-      if (row == kEmptySlot) return -1;
-      if (same(load_coord(coords, row), c)) return row;
-      s = (s + 1) & mask;
+      const int32_t e = __ldg(slots + s);
+      if (e == kEmptySlot) return -1;
+      if (layout.same_tag(e, like)) {
+        const int32_t row = layout.row(e);
+        if (row < num_rows && same(load_coord(coords, row), c)) return row;
+      }
+      s = (s + 1) & layout.mask;
     }
   }
 };
@@ -71,41 +104,46 @@ struct HashView {
 // duplicate coordinate; the row is then left out and the (inverted) error word says so. Negative batch
 // indices are flagged here too, so validating a new coordinate set costs this kernel and one read.
 __global__ void hash_insert_rows(const int32_t* __restrict__ coords, int64_t n, int32_t* __restrict__ slots,
-                                 uint32_t mask, int32_t* __restrict__ error) {
+                                 SlotLayout layout, int32_t* __restrict__ error) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const Coord c = load_coord(coords, i);
   if (c.b < 0) atomicAnd(error, ~kErrNegativeBatch);
-  uint32_t s = hash_coord(c) & mask;
+  const uint64_t h = hash_coord(c);
+  const int32_t mine = layout.entry(h, i);
+  uint32_t s = layout.first(h);
   while (true) {
-    const int32_t old = atomicCAS(slots + s, kEmptySlot, static_cast<int32_t>(i));
+    const int32_t old = atomicCAS(slots + s, kEmptySlot, mine);
     if (old == kEmptySlot) return;
-    if (same(load_coord(coords, old), c)) {
+    if (layout.same_tag(old, mine) && same(load_coord(coords, layout.row(old)), c)) {
       atomicAnd(error, ~kErrDuplicate);
       return;
     }
-    s = (s + 1) & mask;
+    s = (s + 1) & layout.mask;
   }
 }
 
 // Like hash_insert_rows, but equal rows are expected (many fine voxels share one coarse site) and
 // the slot keeps the SMALLEST row holding the key: that row stands for the site, which makes the
-// output order of strided coordinates deterministic (first occurrence in input row order). Other
-// threads probing past the slot meanwhile compare against an equal key whichever row it holds.
+// output order of strided coordinates deterministic (first occurrence in input row order). Equal
+// keys have equal tags, so the smallest entry holds the smallest row. Other threads probing past
+// the slot meanwhile compare against an equal key whichever row it holds.
 __global__ void hash_insert_min_rows(const int32_t* __restrict__ coords, int64_t n, int32_t* __restrict__ slots,
-                                     uint32_t mask) {
+                                     SlotLayout layout) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const Coord c = load_coord(coords, i);
-  uint32_t s = hash_coord(c) & mask;
+  const uint64_t h = hash_coord(c);
+  const int32_t mine = layout.entry(h, i);
+  uint32_t s = layout.first(h);
   while (true) {
-    const int32_t old = atomicCAS(slots + s, kEmptySlot, static_cast<int32_t>(i));
+    const int32_t old = atomicCAS(slots + s, kEmptySlot, mine);
     if (old == kEmptySlot) return;
-    if (same(load_coord(coords, old), c)) {
-      atomicMin(slots + s, static_cast<int32_t>(i));
+    if (layout.same_tag(old, mine) && same(load_coord(coords, layout.row(old)), c)) {
+      atomicMin(slots + s, mine);
       return;
     }
-    s = (s + 1) & mask;
+    s = (s + 1) & layout.mask;
   }
 }
 

@@ -13,10 +13,13 @@
 // The epilogue (bias, ReLU) is differentiated here too: the incoming gradient is masked by
 // (out > 0) when the op applied a ReLU, and the bias gradient is the masked gradient summed over
 // the output rows.
+// The weight comes as [R, C_in, C_out] (groups == 1) or [R, G, C_in/G, C_out/G]; the backward views
+// it as 4-D here, below autograd (no node of its own), and returns its gradient in the shape given.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "dispatch/ops.h"
 
 namespace relconv {
@@ -36,17 +39,17 @@ bool mixed_precision(const at::Tensor& x, const at::Tensor& weight) {
 // Whether an optional argument takes an input slot of the autograd node (custom_function.h's rule).
 int64_t given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? 1 : 0; }
 
-// grad_x [num_in, C_in] = the table forward of `grad` over the transposed table with W[r]^T. The
-// pairs are passed as absent (empty, see pairs_absent): the table kernel reads none. The forward's
-// own table goes in as this call's transposed table, so that its input gradient (the double
-// backward in `grad`) is a table forward again; its weight gradient rebuilds the pairs from the
-// transposed table only when it is taken.
-at::Tensor table_input_grad(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& transposed_table,
+// grad_x [num_in, C_in] = the table forward of `grad` over the transposed table with `weight_t`
+// (W[r]^T per group, 4-D). The pairs are passed as absent (empty, see pairs_absent): the table
+// kernel reads none. The forward's own table goes in as this call's transposed table, so that its
+// input gradient (the double backward in `grad`) is a table forward again; its weight gradient
+// rebuilds the pairs from the transposed table only when it is taken.
+at::Tensor table_input_grad(const at::Tensor& grad, const at::Tensor& weight_t, const at::Tensor& transposed_table,
                             const at::Tensor& transposed_order, const at::Tensor& table,
                             const at::Tensor& table_order, const c10::SymInt& num_in) {
   const at::Tensor no_index = at::empty({0}, transposed_table.options());
   const at::Tensor no_ptr = at::empty({0}, transposed_table.options().dtype(at::kLong));
-  return conv_op().call(grad, weight.transpose(2, 3), no_index, no_index, no_ptr, std::nullopt, num_in,
+  return conv_op().call(grad, weight_t, no_index, no_index, no_ptr, std::nullopt, num_in,
                         transposed_table, as_optional(transposed_order), std::nullopt, false, table,
                         as_optional(table_order));
 }
@@ -122,17 +125,22 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       const at::Tensor weight = !cast.defined()            ? saved_weight
                                 : at::GradMode::is_enabled() ? saved_weight.to(x.scalar_type())  // recorded
                                                              : cast;
+      const at::Tensor weight_t = grouped_weight(weight).transpose(2, 3);
       if (transposed_table.defined()) {  // saved only when given on CUDA
-        grad_x = table_input_grad(grad, weight, transposed_table, transposed_order, table, table_order, num_in);
+        grad_x = table_input_grad(grad, weight_t, transposed_table, transposed_order, table, table_order, num_in);
       } else {
-        grad_x = conv_op().call(grad, weight.transpose(2, 3), out_index, in_index, rel_ptr, scale, num_in,
+        grad_x = conv_op().call(grad, weight_t, out_index, in_index, rel_ptr, scale, num_in,
                                 std::nullopt, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);
       }
     }
     if (ctx->needs_input_grad(1)) {
       // A float32 weight run in half precision gets its gradient as accumulated, in float32.
       const auto dtype = saved[11].defined() ? std::optional(saved_weight.scalar_type()) : std::nullopt;
-      grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, saved_weight.size(1), dtype);
+      // The op returns [R, G, C_in/G, C_out/G]; a 3-D weight (G = 1) gets its gradient in its own shape.
+      const bool flat = saved_weight.dim() == 3;
+      grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, flat ? 1 : saved_weight.size(1),
+                                     dtype);
+      if (flat) grad_w = grad_w.squeeze(1);
     }
     const int64_t bias_edge = ctx->saved_data["bias_edge"].toInt();
     if (bias_edge >= 0 && ctx->needs_input_grad(bias_edge)) {

@@ -384,10 +384,11 @@ class RelationalMap:
         table[rows.long(), self.relation_of_pairs()] = values
         return table
 
-    def _order_from_second_use(self, order_key: str, used_key: str, table) -> Tensor | None:
-        """The cached sort (`_sorted_rows`) of `table()` from the second call on, None on the first."""
+    def _order_from_second_use(self, order_key: str, used_key: str, table, at_once: bool) -> Tensor | None:
+        """The cached sort (`_sorted_rows`) of `table()` from the second call on (or from the first
+        with `at_once`), None before."""
         order = self._cache.get(order_key)
-        if order is None and self._cache.get(used_key):
+        if order is None and (at_once or self._cache.get(used_key)):
             order = self._sorted_rows(order_key, table)
         self._cache[used_key] = True
         return order
@@ -402,12 +403,14 @@ class RelationalMap:
             self._cache[order_key] = order
         return order
 
-    def reused_table_order(self) -> Tensor | None:
-        """`table_order()` from the map's second table forward on, None on its first. Sorting costs
-        more than it saves in one layer (a fresh subm 3^3 C64 fp16 layer on an H100: 0.44 ms with
-        the sort on first use, 0.28 ms before it), while a map used by several layers, or a cached
-        map, gains on every use after the first (the cached layer's kernel: 101 -> 79 us)."""
-        return self._order_from_second_use("table_order", "table_forwarded", self.neighbor_table)
+    def reused_table_order(self, at_once: bool = False) -> Tensor | None:
+        """`table_order()` from the map's second table forward on, None on its first (unless
+        `at_once`). Sorting costs more than it saves in one small layer (a fresh subm 3^3 C64 fp16
+        layer on an H100: 0.44 ms with the sort on first use, 0.28 ms before it), while a map used
+        by several layers, or a cached map, gains on every use after the first (the cached layer's
+        kernel: 101 -> 79 us). A layer with enough work gains on its first use too: the caller
+        says so with `at_once` (see relconv.ops.relational_conv.sort_pays_at_once)."""
+        return self._order_from_second_use("table_order", "table_forwarded", self.neighbor_table, at_once)
 
     def table_order(self) -> Tensor:
         """The outputs sorted by the relations they use (`[num_out]`, the table's index dtype):
@@ -444,13 +447,13 @@ class RelationalMap:
             self._cache["transposed_neighbor_table"] = table
         return table
 
-    def transposed_table_order(self) -> Tensor | None:
+    def transposed_table_order(self, at_once: bool = False) -> Tensor | None:
         """Schedule order `[num_in]` of `transposed_neighbor_table()` (`neighbor_table_order` of it),
-        from the map's second input-gradient use on, None on its first; cached. The same trade as
-        `reused_table_order`: the sort pays off only for a map whose backward runs more than once.
-        CUDA maps only (the op that builds it is a CUDA kernel)."""
+        from the map's second input-gradient use on (or its first, with `at_once`), None before;
+        cached. The same trade as `reused_table_order`. CUDA maps only (the op that builds it is a
+        CUDA kernel)."""
         return self._order_from_second_use(
-            "transposed_table_order", "transposed_table_used", self.transposed_neighbor_table
+            "transposed_table_order", "transposed_table_used", self.transposed_neighbor_table, at_once
         )
 
     # ------------------------------------------------------------------ validation

@@ -2,6 +2,8 @@
 that groups outputs by their occupied relations, and a schedule only, so the output is bitwise the
 same with and without it."""
 
+import importlib
+
 import pytest
 import torch
 from voxel_markers import requires_cuda
@@ -138,6 +140,24 @@ def test_public_op_uses_the_order_and_matches_fetch_on_demand():
     assert torch.equal(first, table_out)
     pairs_out = relational_conv(x, w, rmap, dataflow=Dataflow.FETCH_ON_DEMAND)
     torch.testing.assert_close(table_out.float(), pairs_out.float(), rtol=2e-3, atol=2e-3)
+
+
+def test_a_layer_with_enough_work_sorts_on_its_first_use(monkeypatch):
+    """sort_pays_at_once: a table feeding a large enough layer is sorted by its first forward, and the
+    transposed table by the first input gradient; the result is the same as unsorted."""
+    # The module: relconv.ops re-exports a function of the same name.
+    rc = importlib.import_module("relconv.ops.relational_conv")
+    rmap, small = _map(n=5000, seed=9), _map(n=5000, seed=9)
+    x = torch.randn(rmap.num_in, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    w = torch.randn(27, 64, 64, device="cuda", dtype=torch.float16) / 40
+    unsorted = relational_conv(x, w, small, dataflow=Dataflow.OUTPUT_STATIONARY)
+    assert "table_order" not in small._cache and "transposed_table_order" not in small._cache
+    monkeypatch.setattr(rc, "SORT_AT_ONCE_WORK", rmap.num_out * 64 * 64)
+    assert rc.sort_pays_at_once(rmap.num_out, w.view(27, 1, 64, 64))
+    assert not rc.sort_pays_at_once(rmap.num_out - 1, w.view(27, 1, 64, 64))
+    out = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
+    assert "table_order" in rmap._cache and "transposed_table_order" in rmap._cache
+    assert torch.equal(out, unsorted)
 
 
 def test_order_out_of_range_entries_are_skipped_not_written():
