@@ -217,10 +217,20 @@ void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream
 // warp tiles 119 / 63 against 129 / 69 (32 x 64: 120 / 66); at C256 with 32 x 64 warp tiles 323 /
 // 181 against 357 / 178 (64 x 32: 324 / 187; 64 x 256: 341 / 208; BK 32 in 3 or 4 stages: 355-365 /
 // 190-204). The TF32 configurations have not been swept.
+// At C_out 64 on large tables, 8-warp 128 x 64 tiles read each weight slab once per 128 rows instead
+// of 64; the weight slabs are most of the kernel's L2 traffic there (ncu, 3.5M-voxel scene: 12.3 GB
+// through L2 for 2.7 GB from DRAM). Kernel us, cached subm 3^3 C64 fp16, 64 x 64 -> 128 x 64: 75k
+// rows 47.8 -> 48.3, 171k 112.7 -> 101.7, 3.5M 2194 -> 1792 (spconv 1930). Below kTallTileRows the
+// smaller tiles keep more blocks per SM.
+constexpr int64_t kTallTileRows = 100000;
+
 template <typename T, typename Idx>
 void forward_table_mma_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
   constexpr int kWideK = 128 / sizeof(T), kNarrowK = 64 / sizeof(T);
   if (a.cin_g >= 64 && a.cout_g > 32) {
+    if (a.cout_g <= 64 && a.num_out >= kTallTileRows) {
+      return launch_forward_table_mma<T, Idx, Tiles<128, 64, kWideK, 32, 32>, 2>(a, stream);
+    }
     if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, kWideK, 32, 32>, 2>(a, stream);
     if (a.cout_g <= 128) return launch_forward_table_mma<T, Idx, Tiles<128, 128, kWideK, 64, 32>, 2>(a, stream);
     return launch_forward_table_mma<T, Idx, Tiles<128, 128, kWideK, 32, 64>, 2>(a, stream);

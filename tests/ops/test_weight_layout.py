@@ -144,9 +144,11 @@ def test_gradcheck_float64_3d_weight(device):
     assert torch.autograd.gradgradcheck(fn, inputs, nondet_tol=NONDET_TOL[device])
 
 
-@pytest.mark.parametrize("device", DEVICES)
+# On the CPU only: the checks run before any kernel, the same for every device, and the GPU host's
+# extension build crashes on C++ errors whose message formats numbers (tests/gpu_host).
 @pytest.mark.parametrize("shape", [(4, 6), (4, 1, 1, 6, 5)], ids=["2d", "5d"])
-def test_weight_of_other_rank_raises(device, shape):
+def test_weight_of_other_rank_raises(shape):
+    device = "cpu"
     rmap = random_map(10, 8, 4, 40, device, with_scale=False)
     x = torch.randn(10, 6, device=device)
     w = torch.randn(shape, device=device)

@@ -129,6 +129,27 @@ def test_output_does_not_depend_on_the_order(dtype, channels):
     assert err < {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels", [(64, 64), (128, 48)])
+def test_tall_tiles_of_large_tables_match_the_reference(dtype, channels):
+    """Tables of at least 100k rows take 128-row tiles at C_out <= 64 (kTallTileRows)."""
+    cin, cout = channels
+    coords = random_voxels(130000, 64, 1, batch=2, seed=5).coords.to("cuda")
+    rmap = submanifold_map(coords, (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    assert rmap.num_out >= 100000
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(rmap.num_in, cin, generator=gen).to("cuda", dtype)
+    w = (torch.randn(27, 1, cin, cout, generator=gen) / (27 * cin) ** 0.5).to("cuda", dtype)
+    table = rmap.neighbor_table()
+    none = torch.empty(0, dtype=table.dtype, device="cuda")
+    ptr = torch.empty(0, dtype=torch.int64, device="cuda")
+    plain = _conv(x, w, none, none, ptr, None, rmap.num_out, table, None)
+    assert torch.equal(plain, _conv(x, w, none, none, ptr, None, rmap.num_out, table, rmap.table_order()))
+    ref = relational_conv_reference(x.double(), w.double(), rmap)
+    err = (plain.double() - ref).abs().max() / ref.abs().max()
+    assert err < {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+
+
 def test_public_op_uses_the_order_and_matches_fetch_on_demand():
     rmap = _map(n=5000, seed=9)
     x = torch.randn(rmap.num_in, 64, device="cuda", dtype=torch.float16)
