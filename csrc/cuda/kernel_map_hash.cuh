@@ -100,9 +100,23 @@ struct HashView {
   }
 };
 
-// One thread per row: claims an empty slot with CAS. A slot already holding an equal row means a
-// duplicate coordinate; the row is then left out and the (inverted) error word says so. Negative batch
-// indices are flagged here too, so validating a new coordinate set costs this kernel and one read.
+// Linear-probing insert of `mine` (layout.entry of row i's hash h, key c): claims the first empty
+// slot with CAS, or stops at a slot already holding an equal key. Returns -1 for a claimed slot, else
+// the index of that equal key's slot (whichever row it holds meanwhile).
+__device__ __forceinline__ int64_t claim_slot(const int32_t* __restrict__ coords, int32_t* __restrict__ slots,
+                                              const SlotLayout& layout, const Coord& c, uint64_t h, int32_t mine) {
+  uint32_t s = layout.first(h);
+  while (true) {
+    const int32_t old = atomicCAS(slots + s, kEmptySlot, mine);
+    if (old == kEmptySlot) return -1;
+    if (layout.same_tag(old, mine) && same(load_coord(coords, layout.row(old)), c)) return s;
+    s = (s + 1) & layout.mask;
+  }
+}
+
+// One thread per row. A slot already holding an equal row means a duplicate coordinate; the row is
+// then left out and the (inverted) error word says so. Negative batch indices are flagged here too,
+// so validating a new coordinate set costs this kernel and one read.
 __global__ void hash_insert_rows(const int32_t* __restrict__ coords, int64_t n, int32_t* __restrict__ slots,
                                  SlotLayout layout, int32_t* __restrict__ error) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -110,17 +124,7 @@ __global__ void hash_insert_rows(const int32_t* __restrict__ coords, int64_t n, 
   const Coord c = load_coord(coords, i);
   if (c.b < 0) atomicAnd(error, ~kErrNegativeBatch);
   const uint64_t h = hash_coord(c);
-  const int32_t mine = layout.entry(h, i);
-  uint32_t s = layout.first(h);
-  while (true) {
-    const int32_t old = atomicCAS(slots + s, kEmptySlot, mine);
-    if (old == kEmptySlot) return;
-    if (layout.same_tag(old, mine) && same(load_coord(coords, layout.row(old)), c)) {
-      atomicAnd(error, ~kErrDuplicate);
-      return;
-    }
-    s = (s + 1) & layout.mask;
-  }
+  if (claim_slot(coords, slots, layout, c, h, layout.entry(h, i)) >= 0) atomicAnd(error, ~kErrDuplicate);
 }
 
 // Like hash_insert_rows, but equal rows are expected (many fine voxels share one coarse site) and
@@ -135,16 +139,8 @@ __global__ void hash_insert_min_rows(const int32_t* __restrict__ coords, int64_t
   const Coord c = load_coord(coords, i);
   const uint64_t h = hash_coord(c);
   const int32_t mine = layout.entry(h, i);
-  uint32_t s = layout.first(h);
-  while (true) {
-    const int32_t old = atomicCAS(slots + s, kEmptySlot, mine);
-    if (old == kEmptySlot) return;
-    if (layout.same_tag(old, mine) && same(load_coord(coords, layout.row(old)), c)) {
-      atomicMin(slots + s, mine);
-      return;
-    }
-    s = (s + 1) & layout.mask;
-  }
+  const int64_t s = claim_slot(coords, slots, layout, c, h, mine);
+  if (s >= 0) atomicMin(slots + s, mine);
 }
 
 }  // namespace relconv::cuda
