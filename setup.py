@@ -5,6 +5,7 @@ CPU kernels are always compiled. CUDA kernels are added when torch sees a GPU or
 """
 
 import glob
+import importlib.util
 import os
 
 import torch
@@ -23,6 +24,20 @@ def _with_cuda() -> bool:
     if wanted and CUDA_HOME is None:
         raise RuntimeError("relconv: CUDA build requested but no CUDA toolkit found; set CUDA_HOME")
     return wanted
+
+
+def _cutlass_include() -> str:
+    """CUTLASS/CuTe headers (the Hopper wgmma kernel is written in CuTe): $CUTLASS_INCLUDE_DIR (a
+    CUTLASS checkout's include/), else those of the installed `nvidia-cutlass` wheel."""
+    if os.environ.get("CUTLASS_INCLUDE_DIR"):
+        return os.environ["CUTLASS_INCLUDE_DIR"]
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "relconv's CUDA build needs the CUTLASS/CuTe headers: pip install nvidia-cutlass==4.2.0.0 "
+            "(or set CUTLASS_INCLUDE_DIR to a CUTLASS include/ directory)"
+        )
+    return os.path.join(os.path.dirname(spec.origin), "source", "include")
 
 
 def _extension():
@@ -46,7 +61,7 @@ def _extension():
     return CUDAExtension(
         "relconv._C",
         sources + _sources("csrc/cuda/*.cu"),
-        include_dirs=include_dirs,
+        include_dirs=[*include_dirs, _cutlass_include()],
         define_macros=[("RELCONV_WITH_CUDA", None)],
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         extra_link_args=link,

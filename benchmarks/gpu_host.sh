@@ -23,6 +23,12 @@ for step in "$@"; do
   if [ "$step" = build ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+    # The host has no network: the CUTLASS/CuTe headers come carried, as the include/ tree of the
+    # nvidia-cutlass wheel (.peers/cutlass/cutlass_include.tar.xz, 1 MB against the wheel's 6.4).
+    if [ -f .peers/cutlass/cutlass_include.tar.xz ]; then
+      mkdir -p /tmp/cutlass_include && tar -xJf .peers/cutlass/cutlass_include.tar.xz -C /tmp/cutlass_include
+      export CUTLASS_INCLUDE_DIR=/tmp/cutlass_include
+    fi
     python -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
     rm "$OUT/build.log"  # $OUT returns few files; the log matters only on failure
   else

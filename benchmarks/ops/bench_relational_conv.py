@@ -43,8 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------- maps
-def _forward_path(rmap: RelationalMap, x: torch.Tensor) -> str:
-    flow = resolve_dataflow(Dataflow.AUTO, x.dtype, rmap.unique_slots, rmap.scale is not None)
+def _forward_path(rmap: RelationalMap, x: torch.Tensor, out_channels: int) -> str:
+    flow = resolve_dataflow(Dataflow.AUTO, x.dtype, rmap.unique_slots, rmap.scale is not None, out_channels)
     return "table" if x.is_cuda and flow is Dataflow.OUTPUT_STATIONARY else "pairs"
 
 
@@ -211,7 +211,7 @@ def bench_row(
         "index_dtype": str(rmap.in_index.dtype).removeprefix("torch."),
         # Which forward kernel ran: the neighbour table (output-stationary) or the pair lists (atomics);
         # the CPU kernel has one dataflow, the pair lists.
-        "forward_path": _forward_path(rmap, x),
+        "forward_path": _forward_path(rmap, x, c),
         "pass": "fwd+bwd" if backward else "fwd",
         "rel_error": err,
         "time_relconv_s": t_ours,

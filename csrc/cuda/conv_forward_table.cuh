@@ -123,7 +123,7 @@ struct TableMmaSmem {
   static_assert((BM * kLdA * sizeof(T)) % 16 == 0 && kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
 };
 
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kFull>
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kFull, bool kExact>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     conv_forward_table_mma(const ConvTableArgs<T, Idx> a) {
   using Smem = TableMmaSmem<T, BM, BN, BK, kStages>;
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 
   const FixedChunkLoader<T, BM, BK, kThreads> a_loader;
   const FixedChunkLoader<T, BK, BN, kThreads> b_loader;
-  MmaWarpTile<T, WM, WN> tile;
+  std::conditional_t<kExact, SimtWarpTile<WM, WN>, MmaWarpTile<T, WM, WN>> tile;
   tile.zero();
   // Stages are used round robin across relation chunks; the next step to load is (relation
   // s_list[load_j], K chunk load_k).

@@ -237,6 +237,57 @@ struct MmaWarpTile {
   }
 };
 
+// Exact fp32 on CUDA cores with MmaWarpTile's interface and shared-memory layouts (A row-major, B
+// k-major), so the pipelined tensor-core table kernel runs exact float too. The warp's lanes form a
+// 4 x 8 grid; lane (tm, tn) owns rows tm + 4 i and the column pairs 2 tn + 16 j, +1. Per k a lane
+// reads WM / 4 A elements (4 distinct rows per warp, broadcast, in distinct banks for lda = 4 mod
+// 32) and WN / 16 float2 of B (16 consecutive floats per warp) for WM * WN / 32 fmas.
+template <int WM, int WN>
+struct SimtWarpTile {
+  static constexpr int kRows = WM / 4, kPairs = WN / 16;
+  static_assert(WM % 4 == 0 && WN % 16 == 0, "warp tile must split over a 4 x 8 lane grid");
+  float acc[kRows][2 * kPairs];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int j = 0; j < 2 * kPairs; ++j) acc[i][j] = 0.f;
+  }
+
+  template <int BK>
+  __device__ __forceinline__ void mma(const float* a, int lda, const float* b, int ldb) {
+    const int lane = threadIdx.x % 32, tm = lane / 8, tn = lane % 8;
+    const float* ap = a + tm * lda;
+    const float* bp = b + 2 * tn;
+#pragma unroll 4
+    for (int k = 0; k < BK; ++k) {
+      float av[kRows];
+      float2 bv[kPairs];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) av[i] = ap[4 * i * lda + k];
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) bv[j] = *reinterpret_cast<const float2*>(bp + k * ldb + 16 * j);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          acc[i][2 * j] = fmaf(av[i], bv[j].x, acc[i][2 * j]);
+          acc[i][2 * j + 1] = fmaf(av[i], bv[j].y, acc[i][2 * j + 1]);
+        }
+    }
+  }
+
+  template <typename Store>
+  __device__ __forceinline__ void for_each_pair(Store store) const {
+    const int lane = threadIdx.x % 32, tm = lane / 8, tn = lane % 8;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) store(tm + 4 * i, 2 * tn + 16 * j, acc[i][2 * j], acc[i][2 * j + 1]);
+  }
+};
+
 // One thread owns TM x TN elements of a BM x BN block of C: rows tm + i * (BM / TM), columns
 // tn + j * (BN / TN). Interleaving (instead of contiguous micro-tiles) makes a warp's B reads and its
 // epilogue atomics hit consecutive addresses. A is channel-major: A(m, k) at a[k * lda + m].

@@ -10,8 +10,6 @@
 // rel_ptr[R] so that at most `target_tiles` + R tiles result (the weight gradient): the host never
 // needs the pair count, so pair lists padded past rel_ptr[R] (RelationalMap.kernel_pairs, built
 // without a host sync) schedule exactly like exact ones.
-#include <cub/block/block_scan.cuh>
-
 #include <cstdint>
 
 namespace relconv::cuda {
@@ -37,41 +35,11 @@ constexpr int kScheduleThreads = 512;
 // is the smallest multiple of `granule` that cuts the P = rel_ptr[R] pairs into at most target_tiles
 // tiles (pairs_per_tile is then ignored). One block of kScheduleThreads walks the relations in chunks,
 // carrying the running total.
+// Defined in tile_schedule.cu (one definition for every translation unit that launches it).
 __global__ void __launch_bounds__(kScheduleThreads)
     relation_tile_offsets(const int64_t* __restrict__ rel_ptr, int64_t num_relations, int64_t num_pairs,
                           int64_t pairs_per_tile, int64_t target_tiles, int64_t granule,
-                          int64_t* __restrict__ tile_ptr) {
-  using Scan = cub::BlockScan<int64_t, kScheduleThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int64_t carry, tile_size;
-  if (threadIdx.x == 0) {
-    carry = 0;
-    tile_ptr[0] = 0;
-    if (target_tiles > 0) {
-      const int64_t p = min(max(rel_ptr[num_relations], int64_t{0}), num_pairs);
-      const int64_t per_tile = (p + target_tiles - 1) / target_tiles;
-      pairs_per_tile = max(int64_t{1}, (per_tile + granule - 1) / granule) * granule;
-    }
-    tile_size = pairs_per_tile;
-    tile_ptr[num_relations + 1] = pairs_per_tile;
-  }
-  __syncthreads();
-  pairs_per_tile = tile_size;
-  for (int64_t base = 0; base < num_relations; base += kScheduleThreads) {
-    const int64_t r = base + threadIdx.x;
-    int64_t tiles = 0;
-    if (r < num_relations) {
-      const PairRange pr = relation_pairs(rel_ptr, r, num_pairs);
-      tiles = (pr.end - pr.begin + pairs_per_tile - 1) / pairs_per_tile;
-    }
-    int64_t inclusive, chunk_total;
-    Scan(scan_storage).InclusiveSum(tiles, inclusive, chunk_total);
-    if (r < num_relations) tile_ptr[r + 1] = carry + inclusive;
-    __syncthreads();  // everyone has read `carry` and scan_storage may be reused
-    if (threadIdx.x == 0) carry += chunk_total;
-    __syncthreads();
-  }
-}
+                          int64_t* __restrict__ tile_ptr);
 
 // The tile a block works on: relation r and its pair range [begin, end) (at most pairs_per_tile).
 struct PairTile {

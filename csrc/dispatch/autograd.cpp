@@ -36,6 +36,15 @@ std::optional<at::Tensor> as_optional(const at::Tensor& t) {
 bool mixed_precision(const at::Tensor& x, const at::Tensor& weight) {
   return weight.scalar_type() == at::kFloat && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
 }
+// Whether autograd has work in a forward: a recorded input that needs a gradient, or a forward-mode
+// tangent on one (Function::apply then raises that the op has no jvp, rather than dropping it).
+bool differentiated(bool recording, const at::Tensor& x, const at::Tensor& weight,
+                    const std::optional<at::Tensor>& bias) {
+  const auto tracked = [recording](const at::Tensor& t) {
+    return t.defined() && ((recording && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
+  };
+  return tracked(x) || tracked(weight) || (bias.has_value() && tracked(*bias));
+}
 // Whether an optional argument takes an input slot of the autograd node (custom_function.h's rule).
 int64_t given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? 1 : 0; }
 
@@ -193,8 +202,17 @@ at::Tensor conv_autograd(const at::Tensor& x, const at::Tensor& weight, const at
                          const std::optional<at::Tensor>& transposed_order) {
   // Whether autograd records this call, read here: Function::apply runs forward with grad mode off, so
   // forward cannot tell an inference call (no pairs to build) from one that will be differentiated.
+  const bool recording = at::GradMode::is_enabled();
+  if (!differentiated(recording, x, weight, bias)) {
+    // Nothing to record: the op below autograd directly. Function::apply builds its node, context
+    // and output wrapping even when it records nothing, several us of host time per inference layer.
+    at::AutoDispatchBelowADInplaceOrView below;
+    const at::Tensor w = mixed_precision(x, weight) ? weight.to(x.scalar_type()) : weight;
+    return conv_op().call(x, w, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table, table_order,
+                          bias, relu, transposed_table, transposed_order);
+  }
   return ConvFunction::apply(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,
-                             table_order, bias, relu, transposed_table, transposed_order, at::GradMode::is_enabled());
+                             table_order, bias, relu, transposed_table, transposed_order, recording);
 }
 
 at::Tensor weight_grad_autograd(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,

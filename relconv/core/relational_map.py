@@ -13,6 +13,20 @@ def index_dtype_for(*sizes: int) -> torch.dtype:
     return torch.int32 if max(sizes, default=0) <= _INT32_MAX else torch.int64
 
 
+# Empty tensors own no storage, so one triple per (device, index dtype) serves every map: a fresh map
+# (a new scan's layer) then allocates none of its own on the host path.
+_ABSENT_PAIRS: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor, Tensor]] = {}
+
+
+def _absent_pairs(device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    empty = _ABSENT_PAIRS.get((device, dtype))
+    if empty is None:
+        idx = torch.empty(0, dtype=dtype, device=device)
+        empty = (idx, idx, torch.empty(0, dtype=torch.int64, device=device))
+        _ABSENT_PAIRS[(device, dtype)] = empty
+    return empty
+
+
 class RelationalMap:
     """Pairs `(in_index[p], out_index[p])` grouped by relation.
 
@@ -234,13 +248,8 @@ class RelationalMap:
         return self.in_index.numel()
 
     def absent_pairs(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Empty (in_index, out_index, rel_ptr): tells the CUDA table forward "pairs not given". Cached."""
-        empty = self._cache.get("absent_pairs")
-        if empty is None:
-            idx = torch.empty(0, dtype=self.index_dtype, device=self.device)
-            empty = (idx, idx, torch.empty(0, dtype=torch.int64, device=self.device))
-            self._cache["absent_pairs"] = empty
-        return empty
+        """Empty (in_index, out_index, rel_ptr): tells the CUDA table forward "pairs not given"."""
+        return _absent_pairs(self.device, self.index_dtype)
 
     def kernel_pairs(self) -> tuple[Tensor, Tensor, Tensor]:
         """(in_index, out_index, rel_ptr) as the op kernels take them. The pairs themselves when

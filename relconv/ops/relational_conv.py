@@ -114,14 +114,15 @@ def relational_conv(
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     b = _bias_for(bias, x, c_out)
-    table = _output_stationary_table(rmap, x, dataflow)
+    table = _output_stationary_table(rmap, x, dataflow, c_out // groups)
     x_grad = torch.is_grad_enabled() and x.requires_grad
     w_grad = torch.is_grad_enabled() and weight.requires_grad
     # The input gradient of a table forward runs the table kernel too when the map is injective both
     # ways (voxel maps): then the transposed map has a neighbour table. Maps with unique slots that
     # repeat an input within a relation have none and keep the pair path for it.
     transposed = transposed_order = None
-    if table is not None and x_grad and rmap.injective:
+    table_grad = table is not None and x_grad and rmap.injective
+    if table_grad and _table_input_grad(rmap, x, dataflow, c_in // groups):
         transposed = rmap.transposed_neighbor_table()
         transposed_order = rmap.transposed_table_order(sort_pays_at_once(rmap.num_in, weight))
     # The table forward reads no pairs: a map built as a table passes none unless autograd will read
@@ -187,12 +188,22 @@ def _bias_for(bias: Tensor | None, x: Tensor, c_out: int) -> Tensor | None:
     return bias
 
 
-def _output_stationary_table(rmap: RelationalMap, x: Tensor, dataflow: Dataflow) -> Tensor | None:
+def _output_stationary_table(
+    rmap: RelationalMap, x: Tensor, dataflow: Dataflow, out_channels: int
+) -> Tensor | None:
     """The neighbour table when the CUDA forward runs output-stationary (see relconv.ops.dataflow)."""
-    flow = resolve_dataflow(dataflow, _compute_dtype(x), rmap.unique_slots, rmap.scale is not None)
+    scaled = rmap.scale is not None
+    flow = resolve_dataflow(dataflow, _compute_dtype(x), rmap.unique_slots, scaled, out_channels)
     if x.device.type != "cuda" or flow is not Dataflow.OUTPUT_STATIONARY:
         return None
     return rmap.neighbor_table()
+
+
+def _table_input_grad(rmap: RelationalMap, x: Tensor, dataflow: Dataflow, in_channels: int) -> bool:
+    """Whether the input gradient of a table forward runs output-stationary too: it is a forward with
+    C_in outputs, which AUTO may send to the pairs (a narrow exact fp32 layer widening backwards)."""
+    flow = resolve_dataflow(dataflow, _compute_dtype(x), True, rmap.scale is not None, in_channels)
+    return flow is Dataflow.OUTPUT_STATIONARY
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:

@@ -45,6 +45,17 @@ def test_auto_rule(dtype, unique, scale, deterministic, tf32, expected):
         torch.use_deterministic_algorithms(False)
 
 
+@pytest.mark.parametrize("channels, expected", [(16, True), (32, True), (33, False), (None, False)])
+def test_narrow_exact_fp32_layers_run_output_stationary(channels, expected):
+    with allow_tf32(False):
+        flow = resolve_dataflow(Dataflow.AUTO, torch.float32, True, False, channels)
+        assert (flow is Dataflow.OUTPUT_STATIONARY) is expected
+        # Not for maps the table cannot hold, nor for float64.
+        pairs = Dataflow.FETCH_ON_DEMAND
+        assert resolve_dataflow(Dataflow.AUTO, torch.float32, False, False, channels) is pairs
+        assert resolve_dataflow(Dataflow.AUTO, torch.float64, True, False, channels) is pairs
+
+
 def test_forced_choice_is_kept_and_checked():
     assert resolve_dataflow(Dataflow.FETCH_ON_DEMAND, torch.float16, True, False) is Dataflow.FETCH_ON_DEMAND
     assert (
@@ -86,3 +97,26 @@ def test_every_dataflow_agrees_on_cuda(dtype):
     a = relational_conv(xc, wc, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
     b = relational_conv(xc, wc, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert torch.equal(a, b)  # no atomics: bitwise reproducible
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("cin, cout", [(16, 32), (64, 32), (32, 64)])
+def test_narrow_exact_fp32_layer_trains_like_the_reference(cin, cout):
+    """AUTO runs a narrow exact fp32 forward over the table; an input gradient wider than
+    EXACT_TABLE_MAX_CHANNELS goes back to the pairs, a narrow one stays on the table."""
+    rmap = _voxel_like_map("cuda")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(30, cin, generator=g, dtype=torch.float64)
+    w = torch.randn(5, cin, cout, generator=g, dtype=torch.float64) / 8
+    up = torch.randn(40, cout, generator=g, dtype=torch.float64)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    relational_conv_reference(xr, wr.unsqueeze(1), rmap.to("cpu")).backward(up)
+    with allow_tf32(False):
+        xc = x.to("cuda", torch.float32).requires_grad_()
+        wc = w.to("cuda", torch.float32).requires_grad_()
+        out = relational_conv(xc, wc, rmap)
+        out.backward(up.to("cuda", torch.float32))
+    ref = relational_conv_reference(x, w.unsqueeze(1), rmap.to("cpu"))
+    for got, want in ((out, ref), (xc.grad, xr.grad), (wc.grad, wr.grad)):
+        assert rel_error(got, want) <= TOLERANCE[torch.float32]

@@ -24,7 +24,7 @@ def _scene(dtype, channels=16):
 
 def _table_map(x):
     rmap = submanifold_map(x.coords, (3, 3, 3), (1, 1, 1), (1, 1, 1))
-    table = _output_stationary_table(rmap, x.feats, Dataflow.AUTO)
+    table = _output_stationary_table(rmap, x.feats, Dataflow.AUTO, x.feats.shape[1])
     assert table is not None, "the table path must be the one tested"
     return rmap
 

@@ -1,0 +1,204 @@
+// Hopper (sm_90a) variant of the output-stationary tensor-core kernel (conv_forward_table_mma): the
+// same schedule, with the multiply on warpgroup MMA (wgmma) reading both operands from shared memory
+// through CuTe's GMMA atoms and 128-byte swizzled layouts.
+//
+// Why: on wide layers the mma.sync kernel's register file (ldmatrix fragments plus accumulators)
+// kept its tiles at 128 x 128, so at C_out 256 every gathered x row was loaded twice, once per
+// column tile. wgmma reads both operands from shared memory: two warpgroups hold a 128 x 256 fp32
+// accumulator, and one wgmma stays in flight while the next slab is waited for (measurements at the
+// launcher, conv_launch_wgmma.cu).
+//
+// Schedule (as conv_forward_table_mma): tile row i is output order[m0 + i]; relations in chunks of
+// kRelChunk, each with its rows' table entries in shared memory and the list of busy relations; a
+// flat sequence of (busy relation, 64-wide C_in slab) steps through a kStages-deep cp.async
+// pipeline. Step t's stage is complete (cp.async wait, async-proxy fence, barrier) before the two
+// warpgroups multiply it. Preconditions (launcher): half / bfloat16, int32 table, C_in_g % 64 == 0,
+// C_out_g % BN == 0, 16-byte aligned x and W rows and 4-byte aligned output pairs, x row stride
+// below 2^31.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "conv_forward_table.cuh"
+
+namespace relconv::cuda {
+
+// fp32 += T x T over a 64 x BN x 16 step; A K-major (gathered x rows), B MN-major (W[r] rows are
+// C_out-contiguous).
+template <typename T, int BN>
+struct CuteElement;
+template <>
+struct CuteElement<__half, 128> {
+  using type = cute::half_t;
+  using Atom = cute::SM90_64x128x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
+};
+template <>
+struct CuteElement<__half, 256> {
+  using type = cute::half_t;
+  using Atom = cute::SM90_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
+};
+template <>
+struct CuteElement<__nv_bfloat16, 128> {
+  using type = cute::bfloat16_t;
+  using Atom = cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
+};
+template <>
+struct CuteElement<__nv_bfloat16, 256> {
+  using type = cute::bfloat16_t;
+  using Atom = cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
+};
+
+template <typename T, int BM, int BN, int kStages>
+struct WgmmaTableConfig {
+  using E = typename CuteElement<T, BN>::type;
+  static constexpr int BK = 64;  // one 128-byte swizzle row of C_in per stage
+  static constexpr int kThreads = 256;  // two warpgroups, stacked along M
+  static_assert(BM % 128 == 0 && (BN == 128 || BN == 256), "two 64-row warpgroups per 128 rows");
+  using TiledMma = decltype(cute::make_tiled_mma(typename CuteElement<T, BN>::Atom{},
+                                                 cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using LayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<E>{},
+                                               cute::make_shape(cute::Int<BM>{}, cute::Int<BK>{}, cute::Int<kStages>{})));
+  using LayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<E>{},
+                                               cute::make_shape(cute::Int<BN>{}, cute::Int<BK>{}, cute::Int<kStages>{})));
+  static constexpr int kBytesA = cute::cosize_v<LayoutA> * 2, kBytesB = cute::cosize_v<LayoutB> * 2;
+  static constexpr int kBytesRows = BM * kRelChunk * 4, kBytesOut = BM * 8;
+  // + 1024: the swizzle atoms repeat every 1024 bytes and must start on such a boundary.
+  static constexpr int kBytes = kBytesA + kBytesB + kBytesRows + kBytesOut + 1024;
+  static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages keep 1024-byte alignment");
+};
+
+template <typename T, int BM, int BN, int kStages>
+__global__ void __launch_bounds__(256, 1) conv_forward_table_wgmma(const ConvTableArgs<T, int32_t> a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Cfg = WgmmaTableConfig<T, BM, BN, kStages>;
+  using E = typename Cfg::E;
+  constexpr int BK = Cfg::BK, kThreads = Cfg::kThreads;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  E* smem_a = reinterpret_cast<E*>(smem);
+  E* smem_b = reinterpret_cast<E*>(smem + Cfg::kBytesA);
+  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + Cfg::kBytesA + Cfg::kBytesB);  // [BM][kRelChunk]
+  int64_t* s_out = reinterpret_cast<int64_t*>(smem + Cfg::kBytesA + Cfg::kBytesB + Cfg::kBytesRows);
+  __shared__ unsigned s_busy;
+  __shared__ int s_list[kRelChunk];
+  __shared__ int s_count;
+
+  Tensor sA = make_tensor(make_smem_ptr(smem_a), typename Cfg::LayoutA{});  // (BM, BK, stage)
+  Tensor sB = make_tensor(make_smem_ptr(smem_b), typename Cfg::LayoutB{});  // (BN, BK, stage)
+  typename Cfg::TiledMma mma;
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // smem descriptors
+  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+  Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+  clear(acc);
+
+  const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
+  const int cin = a.cin_g, cout = a.cout_g;
+  const int64_t m0 = int64_t{blockIdx.x} * BM, ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
+  const int k_steps = cin / BK;
+  load_output_rows<BM>(a.order, a.num_out, m0, s_out);
+
+  int load_stage = 0, mma_stage = 0;
+  for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
+    const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
+    if (threadIdx.x == 0) s_busy = 0;
+    __syncthreads();  // s_busy reset; the previous chunk's last step has finished reading s_rows
+    unsigned busy = 0;
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < BM * kRelChunk; idx += kThreads) {
+      const int i = idx / kRelChunk, j = idx % kRelChunk;
+      const int64_t o = j < width ? s_out[i] : -1;
+      const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
+      const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;
+      s_rows[idx] = row;
+      if (row >= 0) busy |= 1u << j;
+    }
+    if (busy) atomicOr(&s_busy, busy);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const unsigned b = s_busy;
+      if (b >> threadIdx.x & 1u) s_list[__popc(b & ((1u << threadIdx.x) - 1u))] = threadIdx.x;
+      if (threadIdx.x == 0) s_count = __popc(b);
+    }
+    __syncthreads();
+    const int steps = s_count * k_steps;
+
+    int load_j = 0, load_k = 0;
+    const auto issue_next = [&] {
+      const int j = s_list[load_j], k0 = load_k * BK;
+      if (++load_k == k_steps) load_k = 0, ++load_j;
+      const int stage = load_stage;
+      load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
+      // A: BM rows x 8 16-byte chunks of the gathered x rows (zero rows where there is no neighbour).
+      const T* xk = a.x + goff + k0;
+      const auto ldx32 = static_cast<uint32_t>(ldx);
+#pragma unroll
+      for (int it = 0; it < BM * 8 / kThreads; ++it) {
+        const int idx = threadIdx.x + it * kThreads, i = idx / 8, c = (idx % 8) * 8;
+        const int32_t row = s_rows[i * kRelChunk + j];
+        const uint32_t r = row >= 0 ? static_cast<uint32_t>(row) : 0u;
+        T* dst = reinterpret_cast<T*>(raw_pointer_cast(&sA(i, c, stage)));
+        cp_async_16(dst, xk + static_cast<uint64_t>(r) * ldx32 + c, row >= 0);
+      }
+      // B: the BK x BN slab of W[c0 + j] (rows of C_out), as BN/8 chunks per row.
+      const T* wk = a.weight + ((c0 + j) * a.groups + g) * int64_t{cin} * cout + int64_t{k0} * cout + n0;
+#pragma unroll
+      for (int it = 0; it < BK * (BN / 8) / kThreads; ++it) {
+        const int idx = threadIdx.x + it * kThreads, k = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
+        T* dst = reinterpret_cast<T*>(raw_pointer_cast(&sB(c, k, stage)));
+        cp_async_16(dst, wk + int64_t{k} * cout + c, true);
+      }
+    };
+
+    // A step's wgmma stays in flight while the next step is waited for and issued, so the loads run
+    // kStages - 2 steps ahead: the stage refilled at step t was last read at step t - 2, whose wgmma
+    // every warpgroup has waited for before the barrier.
+    constexpr int kAhead = kStages - 2;
+    static_assert(kAhead >= 1, "one stage in flight beside the two being multiplied");
+#pragma unroll
+    for (int t = 0; t < kAhead; ++t) {
+      if (t < steps) issue_next();
+      cp_async_commit();
+    }
+    for (int t = 0; t < steps; ++t) {
+      cp_async_wait<kAhead - 1>();
+      // cp.async writes through the generic proxy and wgmma reads through the async proxy.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();  // step t's stage is complete; the stage refilled next is no longer read
+      if (t + kAhead < steps) issue_next();
+      cp_async_commit();
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      gemm(mma, tCrA(_, _, _, mma_stage), tCrB(_, _, _, mma_stage), acc);
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc);
+      mma_stage = mma_stage + 1 == kStages ? 0 : mma_stage + 1;
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    cp_async_wait<0>();
+  }
+
+  // Epilogue: the accumulator layout holds column pairs (n, n + 1) of one row in consecutive values.
+  const int64_t ldo = int64_t{a.groups} * cout;
+  T* out = a.out + int64_t{g} * cout + n0;
+  const T* bias = a.bias ? a.bias + int64_t{g} * cout + n0 : nullptr;
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+#pragma unroll
+  for (int v = 0; v < size(acc); v += 2) {
+    const int m = get<0>(coord(v)), n = get<1>(coord(v));
+    const int64_t o = s_out[m];
+    if (o >= 0) store_pair(out + o * ldo + n, epilogue(acc(v), bias, n, a.relu), epilogue(acc(v + 1), bias, n + 1, a.relu));
+  }
+#endif
+}
+
+}  // namespace relconv::cuda

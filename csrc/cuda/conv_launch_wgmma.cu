@@ -1,0 +1,92 @@
+// Launcher of the Hopper wgmma table kernel (conv_forward_table_wgmma.cuh), in its own translation
+// unit: only it includes CuTe.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+
+#include "cuda/conv_forward_table_wgmma.cuh"
+#include "cuda/conv_launch.h"
+
+namespace relconv::launch {
+namespace {
+
+__global__ void sm90a_build_probe(int* built) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *built = 1;
+#else
+  *built = 0;
+#endif
+}
+
+// Whether this device runs the sm_90a code of this build: an sm_90 GPU and a build that compiled
+// sm_90a (a build for other architectures would JIT the kernel from PTX without wgmma, leaving its
+// body empty). A probe kernel answers once per process, its read the one host sync the choice ever
+// costs; while a CUDA graph is being captured (no syncs allowed) before that, the answer is no.
+bool wgmma_available() {
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  if (prop->major != 9 || prop->minor != 0) return false;
+  static std::atomic<int> built{-1};  // unknown
+  if (built.load() < 0) {
+    if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return false;
+    at::Tensor flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
+    sm90a_build_probe<<<1, 1, 0, c10::cuda::getCurrentCUDAStream()>>>(flag.mutable_data_ptr<int>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    built.store(flag.item<int>());
+  }
+  return built.load() == 1;
+}
+
+template <typename T, int BM, int BN, int kStages>
+void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+  using Cfg = cuda::WgmmaTableConfig<T, BM, BN, kStages>;
+  constexpr auto kernel = cuda::conv_forward_table_wgmma<T, BM, BN, kStages>;
+  static const bool opted_in = [] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kBytes));
+    return true;
+  }();
+  (void)opted_in;
+  cuda::ConvTableArgs<T, int32_t> args = a;
+  const int64_t row_tiles = (a.num_out + BM - 1) / BM;
+  args.n_tiles = a.cout_g / BN;
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(int64_t{args.n_tiles} * a.groups));
+  kernel<<<grid, Cfg::kThreads, Cfg::kBytes, stream>>>(args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+// Measured on an H100 (kernel us, cached subm 3^3 fp16, rank-and-Gray order; mma.sync 128 x 128
+// kernel -> this one; .dev probes of session 4 in benchmarks/results/h100-2026-11-23/gpu_checks):
+//   C256, 128 x 256 tiles, 3 stages: 64-beam scan (75k rows) 346 -> 286, real scan (28k) 194 -> 161;
+//   C128, 128 x 128 tiles, 4 stages: 64-beam 131 -> 127, real 67 -> 60, but the 3-sweep scene (171k
+//   rows) 228 -> 265, where the mma.sync kernel's two blocks per SM hide DRAM latency better.
+// Both keep one wgmma in flight. Without that, with 2 stages at two blocks per SM, and with 256-row
+// tiles (half the weight-slab traffic, one block per SM) the kernel was slower (129-157 us at C128).
+// Tables from kTallTileRows rows keep the mma.sync kernel: the one measurement there lost.
+constexpr int64_t kWgmmaMaxRows = 100000;
+
+template <typename T>
+bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+  const int64_t ldx = int64_t{a.groups} * a.cin_g;
+  if (a.cin_g % 64 != 0 || a.cout_g % 128 != 0 || a.num_out >= kWgmmaMaxRows || !a.vec_x || !a.vec_w ||
+      !a.vec_out2 || ldx > std::numeric_limits<int32_t>::max() || int64_t{a.cout_g / 128} * a.groups > 65535 ||
+      !wgmma_available()) {
+    return false;
+  }
+  if (a.cout_g % 256 == 0) {
+    launch<T, 128, 256, 3>(a, stream);
+  } else {
+    launch<T, 128, 128, 4>(a, stream);
+  }
+  return true;
+}
+
+template bool forward_table_wgmma<__half>(const cuda::ConvTableArgs<__half, int32_t>&, cudaStream_t);
+template bool forward_table_wgmma<__nv_bfloat16>(const cuda::ConvTableArgs<__nv_bfloat16, int32_t>&, cudaStream_t);
+
+}  // namespace relconv::launch
