@@ -36,14 +36,13 @@ std::optional<at::Tensor> as_optional(const at::Tensor& t) {
 bool mixed_precision(const at::Tensor& x, const at::Tensor& weight) {
   return weight.scalar_type() == at::kFloat && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
 }
-// Whether autograd has work in a forward: a recorded input that needs a gradient, or a forward-mode
+// Whether autograd has work in a call: a recorded input that needs a gradient, or a forward-mode
 // tangent on one (Function::apply then raises that the op has no jvp, rather than dropping it).
-bool differentiated(bool recording, const at::Tensor& x, const at::Tensor& weight,
-                    const std::optional<at::Tensor>& bias) {
+bool differentiated(bool recording, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c) {
   const auto tracked = [recording](const at::Tensor& t) {
     return t.defined() && ((recording && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
   };
-  return tracked(x) || tracked(weight) || (bias.has_value() && tracked(*bias));
+  return tracked(a) || tracked(b) || (c.has_value() && tracked(*c));
 }
 // Whether an optional argument takes an input slot of the autograd node (custom_function.h's rule).
 int64_t given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? 1 : 0; }
@@ -219,6 +218,11 @@ at::Tensor weight_grad_autograd(const at::Tensor& x, const at::Tensor& grad_out,
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                 const std::optional<at::Tensor>& scale, int64_t groups,
                                 std::optional<at::ScalarType> out_dtype) {
+  if (!differentiated(at::GradMode::is_enabled(), x, grad_out, std::nullopt)) {
+    // A backward that builds no graph (the usual one) calls this once per conv: no node to record.
+    at::AutoDispatchBelowADInplaceOrView below;
+    return weight_grad_op().call(x, grad_out, in_index, out_index, rel_ptr, scale, groups, out_dtype);
+  }
   return WeightGradFunction::apply(x, grad_out, in_index, out_index, rel_ptr, scale, groups, out_dtype);
 }
 
