@@ -46,6 +46,9 @@ LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 MAP_PASSES = (("fresh", "fwd"), ("cached", "fwd"), ("cached", "fwd+bwd"))
 SWEEP_WORKLOAD = "scan64"
 OTHER_WORKLOADS = ("scan32", "scan128", "scan64x3", "scan64b2", "indoor", "kitti-real")
+# The real scan also sweeps subm 3^3 over the widths and precisions the kernel targets are set on
+# (C64 fp16 comes with OTHER_WORKLOADS), GPU only.
+REAL_WORKLOAD, REAL_CHANNELS, REAL_DTYPES = "kitti-real", (32, 64, 128, 256), ("fp16", "tf32", "fp32")
 # Scale: 3.5M voxels; only the subm 3^3 C64 fp16 forward (fresh and cached map), GPU only.
 SCALE_WORKLOADS = ("scan128x8",)
 NUM_CLASSES = 19
@@ -86,6 +89,23 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
                     specs.append(
                         dict(
                             kind="layer", device=dev, workload=w, op=op, C=64, dtype="fp16", map=mp, pass_=ps
+                        )
+                    )
+        for c in REAL_CHANNELS if others else ():
+            for dt in REAL_DTYPES:
+                if (c, dt) == (64, "fp16"):
+                    continue
+                for mp, ps in MAP_PASSES:
+                    specs.append(
+                        dict(
+                            kind="layer",
+                            device=dev,
+                            workload=REAL_WORKLOAD,
+                            op="subm3",
+                            C=c,
+                            dtype=dt,
+                            map=mp,
+                            pass_=ps,
                         )
                     )
         for w in SCALE_WORKLOADS if others else ():
