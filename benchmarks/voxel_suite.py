@@ -67,61 +67,30 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
         else:
             sweep, others, channels, dtypes = SWEEP_WORKLOAD, OTHER_WORKLOADS, CHANNELS, LAYER_DTYPES
             widths, e2e_dtypes = (0.5, 1.0), ("fp32", "fp16", "bf16")
+
+        def layer(workload: str, op: str, c: int, dtype: str, mp: str, ps: str, dev: str = dev) -> None:
+            specs.append(
+                dict(kind="layer", device=dev, workload=workload, op=op, C=c, dtype=dtype, map=mp, pass_=ps)
+            )
+
         for op in OPS:
             for c in channels:
                 for dt in dtypes:
                     for mp, ps in MAP_PASSES:
-                        specs.append(
-                            dict(
-                                kind="layer",
-                                device=dev,
-                                workload=sweep,
-                                op=op,
-                                C=c,
-                                dtype=dt,
-                                map=mp,
-                                pass_=ps,
-                            )
-                        )
+                        layer(sweep, op, c, dt, mp, ps)
         for w in others:
             for op in OPS:
                 for mp, ps in MAP_PASSES:
-                    specs.append(
-                        dict(
-                            kind="layer", device=dev, workload=w, op=op, C=64, dtype="fp16", map=mp, pass_=ps
-                        )
-                    )
+                    layer(w, op, 64, "fp16", mp, ps)
         for c in REAL_CHANNELS if others else ():
             for dt in REAL_DTYPES:
                 if (c, dt) == (64, "fp16"):
                     continue
                 for mp, ps in MAP_PASSES:
-                    specs.append(
-                        dict(
-                            kind="layer",
-                            device=dev,
-                            workload=REAL_WORKLOAD,
-                            op="subm3",
-                            C=c,
-                            dtype=dt,
-                            map=mp,
-                            pass_=ps,
-                        )
-                    )
+                    layer(REAL_WORKLOAD, "subm3", c, dt, mp, ps)
         for w in SCALE_WORKLOADS if others else ():
             for mp in ("fresh", "cached"):
-                specs.append(
-                    dict(
-                        kind="layer",
-                        device=dev,
-                        workload=w,
-                        op="subm3",
-                        C=64,
-                        dtype="fp16",
-                        map=mp,
-                        pass_="fwd",
-                    )
-                )
+                layer(w, "subm3", 64, "fp16", mp, "fwd")
         for w in (sweep, *others):
             for op in ("subm3", "down2", "down3"):
                 specs.append(dict(kind="map", device=dev, workload=w, op=op, dtype="fp32"))

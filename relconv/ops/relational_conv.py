@@ -122,7 +122,7 @@ def relational_conv(
     # repeat an input within a relation have none and keep the pair path for it.
     transposed = transposed_order = None
     table_grad = table is not None and x_grad and rmap.injective
-    if table_grad and _table_input_grad(rmap, x, dataflow, c_in // groups):
+    if table_grad and _output_stationary(rmap, x, dataflow, c_in // groups, unique_slots=True):
         transposed = rmap.transposed_neighbor_table()
         transposed_order = rmap.transposed_table_order(sort_pays_at_once(rmap.num_in, weight))
     # The table forward reads no pairs: a map built as a table passes none unless autograd will read
@@ -191,18 +191,19 @@ def _bias_for(bias: Tensor | None, x: Tensor, c_out: int) -> Tensor | None:
 def _output_stationary_table(
     rmap: RelationalMap, x: Tensor, dataflow: Dataflow, out_channels: int
 ) -> Tensor | None:
-    """The neighbour table when the CUDA forward runs output-stationary (see relconv.ops.dataflow)."""
-    scaled = rmap.scale is not None
-    flow = resolve_dataflow(dataflow, _compute_dtype(x), rmap.unique_slots, scaled, out_channels)
-    if x.device.type != "cuda" or flow is not Dataflow.OUTPUT_STATIONARY:
-        return None
-    return rmap.neighbor_table()
+    """The neighbour table when the CUDA forward runs output-stationary (see relconv.ops.dataflow).
+    The choice is resolved on every device: a forced choice the map cannot run raises on the CPU too."""
+    stationary = _output_stationary(rmap, x, dataflow, out_channels, rmap.unique_slots)
+    return rmap.neighbor_table() if stationary and x.device.type == "cuda" else None
 
 
-def _table_input_grad(rmap: RelationalMap, x: Tensor, dataflow: Dataflow, in_channels: int) -> bool:
-    """Whether the input gradient of a table forward runs output-stationary too: it is a forward with
-    C_in outputs, which AUTO may send to the pairs (a narrow exact fp32 layer widening backwards)."""
-    flow = resolve_dataflow(dataflow, _compute_dtype(x), True, rmap.scale is not None, in_channels)
+def _output_stationary(
+    rmap: RelationalMap, x: Tensor, dataflow: Dataflow, out_channels: int, unique_slots: bool
+) -> bool:
+    """Whether a forward of `out_channels` outputs over `rmap` (or over its transposed map, whose
+    slots are unique when rmap is injective: the input gradient of a table forward) runs
+    output-stationary. AUTO may send a narrow exact fp32 layer's wider input gradient to the pairs."""
+    flow = resolve_dataflow(dataflow, _compute_dtype(x), unique_slots, rmap.scale is not None, out_channels)
     return flow is Dataflow.OUTPUT_STATIONARY
 
 
