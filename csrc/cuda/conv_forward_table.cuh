@@ -54,6 +54,16 @@ __device__ __forceinline__ int64_t table_output_row(const Idx* order, int64_t nu
   return o >= 0 && o < num_out ? o : -1;
 }
 
+// First tile row of this block's row tile. Blocks take the row tiles from the last one back:
+// table_order puts the rows that use the most relations last, and the hardware dispatches blocks
+// in about index order, so the longest tiles start first and the short ones fill the tail (longest
+// processing time first). On the subm 3^3 table of the 64-beam scan, 128-row tiles span 1 to 26
+// relations; scheduling them greedily on 132 SMs gives a makespan of 51 relation steps in the
+// order's sequence, 36 from its end (35 is the even split). Measured on an H100, cached subm 3^3 fp16
+// (kernel us, first tile first -> last tile first): 64-beam scan C32 29 -> 24, C64 50 -> 41, C128
+// 122 -> 103, C256 281 -> 214; small-gicp real scan C128 55 -> 43, C256 160 -> 130.
+__device__ __forceinline__ int64_t table_tile_row0(int BM) { return int64_t{gridDim.x - 1 - blockIdx.x} * BM; }
+
 // Output row of each of the block's BM tile rows, read once into shared memory (block-wide; ends in
 // a barrier): the order and table reads are the only dependent global loads of a block, and issuing
 // them all before using any keeps them to one round trip.
@@ -113,6 +123,45 @@ struct TableColumn {
 // output elements straight from the accumulators.
 constexpr int kRelChunk = 32;
 
+// The relations of one chunk a block works on (shared memory; load_relation_chunk).
+struct RelationChunk {
+  unsigned busy;         // bit j: some tile row has a neighbour through relation c0 + j
+  int list[kRelChunk];   // those relations (offsets from c0), ascending
+  int count;
+};
+
+// Block-wide, ends in a barrier: s_rows[i * kRelChunk + j] = the input row feeding tile row i's output
+// through relation c0 + j (or -1), and the chunk's busy relations in `chunk`; returns their count.
+// Entry idx = i * kRelChunk + j: a warp reads consecutive relations of one output row, unrolled so
+// that several independent table loads are in flight per thread. The leading barrier keeps the
+// previous chunk's last step reading s_rows before they are overwritten.
+template <int BM, int kThreads, typename T, typename Idx>
+__device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& a, const int64_t* s_out, int64_t c0,
+                                                   int32_t* s_rows, RelationChunk& chunk) {
+  const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
+  if (threadIdx.x == 0) chunk.busy = 0;
+  __syncthreads();
+  unsigned busy = 0;
+#pragma unroll 4
+  for (int idx = threadIdx.x; idx < BM * kRelChunk; idx += kThreads) {
+    const int i = idx / kRelChunk, j = idx % kRelChunk;
+    const int64_t o = j < width ? s_out[i] : -1;
+    const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
+    const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;  // num_in fits int32
+    s_rows[idx] = row;
+    if (row >= 0) busy |= 1u << j;
+  }
+  if (busy) atomicOr(&chunk.busy, busy);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const unsigned b = chunk.busy;
+    if (b >> threadIdx.x & 1u) chunk.list[__popc(b & ((1u << threadIdx.x) - 1u))] = threadIdx.x;
+    if (threadIdx.x == 0) chunk.count = __popc(b);
+  }
+  __syncthreads();
+  return chunk.count;
+}
+
 template <typename T, int BM, int BN, int BK, int kStages>
 struct TableMmaSmem {
   static constexpr int kLdA = BK + kVecElems<T>, kLdB = BN + 8;  // see MmaWarpTile on padding
@@ -132,14 +181,12 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   extern __shared__ __align__(16) unsigned char smem[];
   T* stages = reinterpret_cast<T*>(smem);
   int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kStages * Smem::kStageBytes);  // [BM][kRelChunk]
-  __shared__ unsigned s_busy;
-  __shared__ int s_list[kRelChunk];  // the chunk's busy relations, ascending
-  __shared__ int s_count;
+  __shared__ RelationChunk s_chunk;
   __shared__ int64_t s_out[BM];  // output row of each tile row (table_output_row)
 
   const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
-  const int64_t m0 = int64_t{blockIdx.x} * BM, ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
+  const int64_t m0 = table_tile_row0(BM), ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
   const int k_steps = (cin + BK - 1) / BK;
   const int warp = threadIdx.x / 32, wm = warp / (BN / WN), wn = warp % (BN / WN);
 
@@ -150,38 +197,15 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   std::conditional_t<kExact, SimtWarpTile<WM, WN>, MmaWarpTile<T, WM, WN>> tile;
   tile.zero();
   // Stages are used round robin across relation chunks; the next step to load is (relation
-  // s_list[load_j], K chunk load_k).
+  // s_chunk.list[load_j], K chunk load_k).
   int load_stage = 0, mma_stage = 0;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
-    if (threadIdx.x == 0) s_busy = 0;
-    __syncthreads();  // s_busy reset; the previous chunk's last step has finished reading s_rows
-    // Entry idx = i * kRelChunk + j: a warp reads consecutive relations of one output row. Unrolled
-    // so that several independent table loads are in flight per thread.
-    unsigned busy = 0;
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < BM * kRelChunk; idx += kThreads) {
-      const int i = idx / kRelChunk, j = idx % kRelChunk;
-      const int64_t o = j < width ? s_out[i] : -1;
-      const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
-      const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;  // num_in fits int32
-      s_rows[idx] = row;
-      if (row >= 0) busy |= 1u << j;
-    }
-    if (busy) atomicOr(&s_busy, busy);
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      const unsigned b = s_busy;
-      if (b >> threadIdx.x & 1u) s_list[__popc(b & ((1u << threadIdx.x) - 1u))] = threadIdx.x;
-      if (threadIdx.x == 0) s_count = __popc(b);
-    }
-    __syncthreads();
-    const int steps = s_count * k_steps;
+    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk) * k_steps;
 
     // Starts the loads of the next step (in step order) into the next stage.
     int load_j = 0, load_k = 0;
     const auto issue_next = [&] {
-      const int j = s_list[load_j], k0 = load_k * BK;
+      const int j = s_chunk.list[load_j], k0 = load_k * BK;
       if (++load_k == k_steps) load_k = 0, ++load_j;
       T* As = stages + load_stage * Smem::kStage;
       T* Bs = As + BM * kLdA;
@@ -277,7 +301,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 
   const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
-  const int64_t m0 = int64_t{blockIdx.x} * BM, ldo = int64_t{a.groups} * cout;
+  const int64_t m0 = table_tile_row0(BM), ldo = int64_t{a.groups} * cout;
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
   const TableColumn<BM, Idx> column{a.table, s_out, a.num_in, a.num_relations, int64_t{a.groups} * cin,
                                     int64_t{g} * cin};

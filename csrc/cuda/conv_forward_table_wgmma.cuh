@@ -28,38 +28,28 @@
 
 namespace relconv::cuda {
 
-// fp32 += T x T over a 64 x BN x 16 step; A K-major (gathered x rows), B MN-major (W[r] rows are
-// C_out-contiguous).
-template <typename T, int BN>
+template <typename T>
 struct CuteElement;
 template <>
-struct CuteElement<__half, 128> {
+struct CuteElement<__half> {
   using type = cute::half_t;
-  using Atom = cute::SM90_64x128x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
 };
 template <>
-struct CuteElement<__half, 256> {
-  using type = cute::half_t;
-  using Atom = cute::SM90_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
-};
-template <>
-struct CuteElement<__nv_bfloat16, 128> {
+struct CuteElement<__nv_bfloat16> {
   using type = cute::bfloat16_t;
-  using Atom = cute::SM90_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
-};
-template <>
-struct CuteElement<__nv_bfloat16, 256> {
-  using type = cute::bfloat16_t;
-  using Atom = cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
 };
 
 template <typename T, int BM, int BN, int kStages>
 struct WgmmaTableConfig {
-  using E = typename CuteElement<T, BN>::type;
+  using E = typename CuteElement<T>::type;
   static constexpr int BK = 64;  // one 128-byte swizzle row of C_in per stage
   static constexpr int kThreads = 256;  // two warpgroups, stacked along M
   static_assert(BM % 128 == 0 && (BN == 128 || BN == 256), "two 64-row warpgroups per 128 rows");
-  using TiledMma = decltype(cute::make_tiled_mma(typename CuteElement<T, BN>::Atom{},
+  // fp32 += E x E over 64 x BN x 16 steps; A K-major (gathered x rows), B MN-major (W[r] rows are
+  // C_out-contiguous).
+  using Atom = decltype(cute::GMMA::ss_op_selector<E, E, float, cute::Shape<cute::_64, cute::Int<BN>, cute::Int<BK>>,
+                                                   cute::GMMA::Major::K, cute::GMMA::Major::MN>());
+  using TiledMma = decltype(cute::make_tiled_mma(Atom{},
                                                  cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
   using LayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<E>{},
                                                cute::make_shape(cute::Int<BM>{}, cute::Int<BK>{}, cute::Int<kStages>{})));
@@ -86,9 +76,7 @@ __global__ void __launch_bounds__(256, 1) conv_forward_table_wgmma(const ConvTab
   E* smem_b = reinterpret_cast<E*>(smem + Cfg::kBytesA);
   int32_t* s_rows = reinterpret_cast<int32_t*>(smem + Cfg::kBytesA + Cfg::kBytesB);  // [BM][kRelChunk]
   int64_t* s_out = reinterpret_cast<int64_t*>(smem + Cfg::kBytesA + Cfg::kBytesB + Cfg::kBytesRows);
-  __shared__ unsigned s_busy;
-  __shared__ int s_list[kRelChunk];
-  __shared__ int s_count;
+  __shared__ RelationChunk s_chunk;
 
   Tensor sA = make_tensor(make_smem_ptr(smem_a), typename Cfg::LayoutA{});  // (BM, BK, stage)
   Tensor sB = make_tensor(make_smem_ptr(smem_b), typename Cfg::LayoutB{});  // (BN, BK, stage)
@@ -101,38 +89,17 @@ __global__ void __launch_bounds__(256, 1) conv_forward_table_wgmma(const ConvTab
 
   const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
-  const int64_t m0 = int64_t{blockIdx.x} * BM, ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
+  const int64_t m0 = table_tile_row0(BM), ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
   const int k_steps = cin / BK;
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
 
   int load_stage = 0, mma_stage = 0;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
-    if (threadIdx.x == 0) s_busy = 0;
-    __syncthreads();  // s_busy reset; the previous chunk's last step has finished reading s_rows
-    unsigned busy = 0;
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < BM * kRelChunk; idx += kThreads) {
-      const int i = idx / kRelChunk, j = idx % kRelChunk;
-      const int64_t o = j < width ? s_out[i] : -1;
-      const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
-      const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;
-      s_rows[idx] = row;
-      if (row >= 0) busy |= 1u << j;
-    }
-    if (busy) atomicOr(&s_busy, busy);
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      const unsigned b = s_busy;
-      if (b >> threadIdx.x & 1u) s_list[__popc(b & ((1u << threadIdx.x) - 1u))] = threadIdx.x;
-      if (threadIdx.x == 0) s_count = __popc(b);
-    }
-    __syncthreads();
-    const int steps = s_count * k_steps;
+    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk) * k_steps;
 
     int load_j = 0, load_k = 0;
     const auto issue_next = [&] {
-      const int j = s_list[load_j], k0 = load_k * BK;
+      const int j = s_chunk.list[load_j], k0 = load_k * BK;
       if (++load_k == k_steps) load_k = 0, ++load_j;
       const int stage = load_stage;
       load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
