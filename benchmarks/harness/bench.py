@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.harness.floor import Ceilings
-from benchmarks.harness.instrument import count_syncs_and_launches
+from benchmarks.harness.instrument import profile_call
 from benchmarks.harness.schema import empty_row
 from benchmarks.harness.timing import TimingConfig, measure
 from benchmarks.harness.tolerances import TOLERANCE
@@ -133,7 +133,7 @@ def run_case(
                 runs=t.runs,
                 peak_mem_mib=t.peak_mem_mib,
             )
-            row.update(count_syncs_and_launches(prepared.fn, prepared.inputs[0], device))
+            row.update(profile_call(prepared.fn, prepared.inputs[0], device))
             if floor_ms:
                 # Against the queued time: the floor is device work, and queuing hides host work.
                 row["x_floor"] = t.throughput_ms / floor_ms

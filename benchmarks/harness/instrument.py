@@ -1,4 +1,4 @@
-"""Host synchronisations and kernel launches of one call, from torch.profiler.
+"""Host synchronisations, kernel launches and GPU time of one call, from torch.profiler.
 
 A whole network that waits on the host shows it here before it shows in a time: every
 `.item()`, `.tolist()` or sizing step costs a stream synchronisation, and every small torch op a
@@ -6,11 +6,17 @@ launch. Counted over one call of the timed function (after warm-up, so autotuner
 - kernel_launches: GPU kernels that ran (CUPTI kernel activity; counts launches made through the
   runtime or the driver API alike, which matters for spconv's cumm kernels);
 - host_syncs: CUDA runtime calls that block the host until the device catches up (stream, device
-  and event synchronisation, and synchronous memcpy).
+  and event synchronisation, and synchronous memcpy);
+- gpu_ms: the device time of the call's kernels, memcpys and memsets (CUPTI activity durations),
+  the median over PROFILED_CALLS calls. It does not depend on the host's speed: what the call
+  costs the GPU, which the queued throughput approaches when the host keeps the GPU fed. On a
+  shared host whose speed swings between runs it is the stable figure to compare libraries by.
 """
 
 from __future__ import annotations
 
+import functools
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -20,22 +26,46 @@ SYNC_CALLS = frozenset(
 )
 
 
-def count_syncs_and_launches(fn: Callable[[object], object], inp: object, device: torch.device) -> dict:
-    """{"host_syncs": int, "kernel_launches": int} of `fn(inp)`; None values off CUDA."""
-    if device.type != "cuda":
-        return {"host_syncs": None, "kernel_launches": None}
+PROFILED_CALLS = 3
+
+
+def _profile_one_call(fn: Callable[[object], object], inp: object, device: torch.device) -> tuple:
+    """(sync calls, kernel launches, GPU µs) seen while profiling one `fn(inp)`; the sync count
+    includes the profiler's own (see `_profiler_syncs`)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn(inp)
-        torch.cuda.synchronize(device)  # outside the count: the profiler's own end-of-call sync
+        torch.cuda.synchronize(device)  # so that the call's GPU work is inside the profile
     syncs = launches = 0
+    gpu_us = 0.0
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
+            gpu_us += ev.device_time
             if not ev.name.startswith(("Memcpy", "Memset")):
                 launches += 1
         elif ev.name in SYNC_CALLS:
             syncs += 1
-    # The explicit synchronize after the call is one cudaDeviceSynchronize of ours, not the call's.
-    return {"host_syncs": max(0, syncs - 1), "kernel_launches": launches}
+    return syncs, launches, gpu_us
+
+
+@functools.cache
+def _profiler_syncs(device: torch.device) -> int:
+    """Sync calls seen while profiling a call that makes none: the explicit synchronize above plus
+    whatever the profiler itself issues (it varies between torch versions). Subtracted, so that a
+    call that never waits on the device counts 0."""
+    return _profile_one_call(lambda _: None, None, device)[0]
+
+
+def profile_call(fn: Callable[[object], object], inp: object, device: torch.device) -> dict:
+    """{"host_syncs", "kernel_launches"} of the first of PROFILED_CALLS calls of `fn(inp)` and
+    their median "gpu_ms"; None values off CUDA."""
+    if device.type != "cuda":
+        return {"host_syncs": None, "kernel_launches": None, "gpu_ms": None}
+    calls = [_profile_one_call(fn, inp, device) for _ in range(PROFILED_CALLS)]
+    return {
+        "host_syncs": max(0, calls[0][0] - _profiler_syncs(device)),
+        "kernel_launches": calls[0][1],
+        "gpu_ms": statistics.median(c[2] for c in calls) / 1e3,
+    }

@@ -95,6 +95,13 @@ def speedup(peer: dict, rc: dict) -> float | None:
     return min(ratios) if ratios else None
 
 
+def gpu_speedup(peer: dict, rc: dict) -> float | None:
+    """relconv's speedup over a peer in GPU time per call (instrument.py's gpu_ms): the host-free
+    ratio, beside `speedup` rather than in place of it."""
+    a, b = peer.get("gpu_ms"), rc.get("gpu_ms")
+    return a / b if a and b else None
+
+
 def is_relconv(impl: str) -> bool:
     """relconv itself or one of its own variants (e.g. `relconv-folded`): never a peer to compare with."""
     return impl == "relconv" or impl.startswith("relconv-")
@@ -195,12 +202,13 @@ def _suite_table(rows: list[dict]) -> str:
         by_case[r["case"]][r["impl"]] = r
     width = max([len(c) for c in by_case] + [4])
     head = (
-        f"{'case':<{width}}  {'relconv lat':>11} {'queued':>8} {'xfloor':>7} {'syncs':>5} {'launch':>6}"
-        + "".join(f" {p[:16]:>16}" for p in peers)
+        f"{'case':<{width}}  {'relconv lat':>11} {'queued':>8} {'gpu':>8} {'xfloor':>7} {'syncs':>5} "
+        f"{'launch':>6}" + "".join(f" {p[:22]:>22}" for p in peers)
     )
     lines = [
         "times in ms: per-call latency (sync after each call) and queued throughput; a peer's cell is "
-        "its latency and relconv's speedup over it (the lower of the latency and throughput ratios)",
+        "its latency, relconv's speedup over it (the lower of the latency and throughput ratios) and, "
+        "after g, its speedup in GPU time per call",
         head,
         "-" * len(head),
     ]
@@ -210,6 +218,7 @@ def _suite_table(rows: list[dict]) -> str:
         cell = _fmt(time_ms(rc, "latency"), ".3f") if ok else _word(rc.get("status", "-"))
         line = (
             f"{case:<{width}}  {cell:>11} {_fmt(time_ms(rc, 'throughput') if ok else None, '.3f'):>8} "
+            f"{_fmt(rc.get('gpu_ms') if ok else None, '.3f'):>8} "
             f"{_fmt(rc.get('x_floor'), '.1f'):>7} {_fmt(rc.get('host_syncs'), 'd'):>5} "
             f"{_fmt(rc.get('kernel_launches'), 'd'):>6}"
         )
@@ -220,10 +229,11 @@ def _suite_table(rows: list[dict]) -> str:
             elif r["status"] == "ok":
                 s = _fmt(time_ms(r, "latency"), ".3f")
                 if ok and not is_relconv(p) and (sp := speedup(r, rc)) is not None:
-                    s += f" ({sp:.2f}x)"
+                    g = gpu_speedup(r, rc)
+                    s += f" ({sp:.2f}x" + (f", g{g:.2f}x)" if g else ")")
             else:
                 s = _word(r["status"])
-            line += f" {s:>16}"
+            line += f" {s:>22}"
         lines.append(line)
     return "\n".join(lines)
 

@@ -6,7 +6,7 @@ description (suite, case, kind, workload, op, C, dtype, map, pass, ...).
 
 from __future__ import annotations
 
-TIMING_FIELDS = ("latency_ms", "p20_ms", "p80_ms", "throughput_ms", "runs", "peak_mem_mib")
+TIMING_FIELDS = ("latency_ms", "p20_ms", "p80_ms", "throughput_ms", "gpu_ms", "runs", "peak_mem_mib")
 COUNT_FIELDS = ("host_syncs", "kernel_launches")
 FLOOR_FIELDS = ("floor_ms", "x_floor", "bytes", "flops")
 AGREEMENT_FIELDS = ("max_rel_err", "agrees_with")

@@ -176,3 +176,26 @@ def test_table_map_gradients_match_pair_map():
         grads.append((x.grad.float(), wc.grad.float()))
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=5e-2, rtol=2e-2)
+
+
+def test_large_sets_release_their_hash_and_rebuild_it(monkeypatch):
+    """A set at RELEASE_ROWS gives its hash back after each map; later maps rebuild it and match the
+    reference, and an unchecked set still raises from its kept error word."""
+    coords = scene(n=3000, seed=11)
+    monkeypatch.setattr(km.CoordIndex, "RELEASE_ROWS", 1000)
+    index = km.CoordIndex(coords.cuda())
+    sub = km.submanifold_map(index.coords, (3, 3, 3), (1, 1, 1), (1, 1, 1), index=index)
+    assert index._slots is None and index.validated
+    down, down_out = km.strided_map(index.coords, (2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 1, 1), index=index)
+    assert index._slots is None
+    ref = km.submanifold_map(coords, (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    ref_down, ref_out = km.strided_map(coords, (2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 1, 1))
+    assert coord_triples(sub, coords, coords) == coord_triples(ref, coords, coords)
+    assert coord_triples(down, coords, down_out) == coord_triples(ref_down, coords, ref_out)
+
+    dup = torch.cat([coords, coords[:1]]).cuda()
+    bad = km.CoordIndex(dup)
+    km.submanifold_map(dup, (3, 3, 3), (1, 1, 1), (1, 1, 1), index=bad, validate=False)
+    assert bad._slots is None and bad.pending_error() is not None
+    with pytest.raises(ValueError, match="duplicate"):
+        bad.ensure_valid()
