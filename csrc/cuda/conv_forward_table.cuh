@@ -13,6 +13,8 @@
 // Relations in which no row of the tile has a neighbour are skipped: in strided / transposed maps
 // most (output, relation) slots are empty, and on a submanifold map of a surface a sorted tile
 // (table_order) typically touches a third of the relations.
+#include <cooperative_groups.h>
+
 #include <cstdint>
 
 #include "numeric.cuh"
@@ -34,6 +36,7 @@ struct ConvTableArgs {
   bool vec_x, vec_w;   // 16-byte (and cp.async) loads allowed for x rows / W rows (see load_rows)
   bool vec_out2;       // two-element (4-byte) stores allowed for output rows
   bool relu;           // max(0, .) after the bias, in the epilogue
+  int split = 1;       // CTAs per row tile, one cluster (relation_split_sum); sm_90+ only past 1
 };
 
 // The fused epilogue of output column c (group offset excluded: `bias` points at the group's
@@ -62,7 +65,56 @@ __device__ __forceinline__ int64_t table_output_row(const Idx* order, int64_t nu
 // order's sequence, 36 from its end (35 is the even split). Measured on an H100, cached subm 3^3 fp16
 // (kernel us, first tile first -> last tile first): 64-beam scan C32 29 -> 24, C64 50 -> 41, C128
 // 122 -> 103, C256 281 -> 214; small-gicp real scan C128 55 -> 43, C256 160 -> 130.
-__device__ __forceinline__ int64_t table_tile_row0(int BM) { return int64_t{gridDim.x - 1 - blockIdx.x} * BM; }
+// With a relation split the `split` CTAs of one row tile are consecutive in x (one cluster).
+__device__ __forceinline__ int64_t table_tile_row0(int BM, int split) {
+  return int64_t{(gridDim.x - 1 - blockIdx.x) / split} * BM;
+}
+
+// Relation split: when a table has too few row tiles to fill the GPU, and above all when its
+// heaviest tiles (rows using most relations, all in the same few tiles) set the kernel's length,
+// `split` CTAs of a cluster share one row tile, rank q taking the busy relations r = q mod split.
+// Each sums its share over the whole K range; rank 0 then adds the others' sums, read from their
+// shared memory (distributed shared memory of the cluster), in rank order. A row's result thus
+// depends on the split but not on which rows share its tile: bitwise deterministic and independent
+// of table_order, like the unsplit kernel. No atomics, no workspace in global memory.
+// Measured on an H100 (kernel us, cached subm 3^3 fp16, split 1 / 2 / 4; relation_split picks):
+//   64-beam scan 75k rows:         C64 43 / 67 / 133,  C128 104 / 179 / 388   (1)
+//   its coordinates / 4, 17k rows: C64 23 / 23 / 38,   C256 126 / 90 / 155    (2)
+//   real scan / 4, 8k rows:        C64 19 / 17 / 22,   C128 44 / 30 / 50      (2)
+//   64-beam scan / 16, 2.6k rows:  C64 19 / 15 / 14,   C128 43 / 29 / 24, C256 124 / 74 / 51 (4 at C128+)
+//
+// Block-wide, after the main loop: `scratch` is the CTA's shared memory, free by now (the pipeline
+// stages), room for kAcc * kThreads floats; `acc(i)` this thread's i-th accumulator, laid out the
+// same in every CTA of the cluster. Returns whether this CTA holds the tile's sum (rank 0).
+template <int kAcc, int kThreads, typename Acc>
+__device__ __forceinline__ bool relation_split_sum(int split, float* scratch, Acc&& acc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (split == 1) return true;
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank();
+  __syncthreads();  // every warp is done reading the stages that `scratch` overlaps
+  if (rank != 0) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) scratch[i * kThreads + threadIdx.x] = acc(i);
+  }
+  cluster.sync();  // the partial sums are written and visible to the cluster
+  if (rank == 0) {
+    for (int q = 1; q < split; ++q) {
+      const float* other = cluster.map_shared_rank(scratch, q);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc(i) += other[i * kThreads + threadIdx.x];
+    }
+  }
+  cluster.sync();  // the other CTAs keep their shared memory until rank 0 has read it
+  return rank == 0;
+#else
+  return true;  // launchers split only on sm_90+
+#endif
+}
+
+// This CTA's rank within its row tile's cluster (0 without a split).
+__device__ __forceinline__ int relation_split_rank(int split) { return static_cast<int>(blockIdx.x % split); }
 
 // Output row of each of the block's BM tile rows, read once into shared memory (block-wide; ends in
 // a barrier): the order and table reads are the only dependent global loads of a block, and issuing
@@ -131,13 +183,14 @@ struct RelationChunk {
 };
 
 // Block-wide, ends in a barrier: s_rows[i * kRelChunk + j] = the input row feeding tile row i's output
-// through relation c0 + j (or -1), and the chunk's busy relations in `chunk`; returns their count.
+// through relation c0 + j (or -1), and this CTA's share of the chunk's busy relations in `chunk` (those
+// congruent to its rank modulo the split; all of them without one); returns their count.
 // Entry idx = i * kRelChunk + j: a warp reads consecutive relations of one output row, unrolled so
 // that several independent table loads are in flight per thread. The leading barrier keeps the
 // previous chunk's last step reading s_rows before they are overwritten.
 template <int BM, int kThreads, typename T, typename Idx>
 __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& a, const int64_t* s_out, int64_t c0,
-                                                   int32_t* s_rows, RelationChunk& chunk) {
+                                                   int rank, int32_t* s_rows, RelationChunk& chunk) {
   const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
   if (threadIdx.x == 0) chunk.busy = 0;
   __syncthreads();
@@ -154,9 +207,12 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
   if (busy) atomicOr(&chunk.busy, busy);
   __syncthreads();
   if (threadIdx.x < 32) {
-    const unsigned b = chunk.busy;
-    if (b >> threadIdx.x & 1u) chunk.list[__popc(b & ((1u << threadIdx.x) - 1u))] = threadIdx.x;
-    if (threadIdx.x == 0) chunk.count = __popc(b);
+    // Relation c0 + lane goes to rank lane % split (split divides kRelChunk): a fixed owner per
+    // relation, whatever rows share the tile.
+    const bool mine = (chunk.busy >> threadIdx.x & 1u) && static_cast<int>(threadIdx.x) % a.split == rank;
+    const unsigned share = __ballot_sync(0xffffffffu, mine);
+    if (mine) chunk.list[__popc(share & ((1u << threadIdx.x) - 1u))] = threadIdx.x;
+    if (threadIdx.x == 0) chunk.count = __popc(share);
   }
   __syncthreads();
   return chunk.count;
@@ -186,9 +242,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 
   const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
-  const int64_t m0 = table_tile_row0(BM), ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
+  const int64_t m0 = table_tile_row0(BM, a.split), ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
   const int k_steps = (cin + BK - 1) / BK;
   const int warp = threadIdx.x / 32, wm = warp / (BN / WN), wn = warp % (BN / WN);
+  const int rank = relation_split_rank(a.split);
 
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
 
@@ -200,7 +257,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   // s_chunk.list[load_j], K chunk load_k).
   int load_stage = 0, mma_stage = 0;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk) * k_steps;
+    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, rank, s_rows, s_chunk) * k_steps;
 
     // Starts the loads of the next step (in step order) into the next stage.
     int load_j = 0, load_k = 0;
@@ -260,6 +317,12 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     }
     cp_async_wait<0>();
   }
+  static_assert(decltype(tile)::kAccumulators * kThreads * sizeof(float) <= kStages * Smem::kStageBytes,
+                "relation_split_sum's scratch overlaps the stages");
+  if (!relation_split_sum<decltype(tile)::kAccumulators, kThreads>(a.split, reinterpret_cast<float*>(smem),
+                                                         [&](int i) -> float& { return tile.accumulator(i); })) {
+    return;
+  }
 
   const int64_t ldo = int64_t{a.groups} * cout;
   T* out = a.out + int64_t{g} * cout;
@@ -301,7 +364,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 
   const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
-  const int64_t m0 = table_tile_row0(BM), ldo = int64_t{a.groups} * cout;
+  const int64_t m0 = table_tile_row0(BM, 1), ldo = int64_t{a.groups} * cout;
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
   const TableColumn<BM, Idx> column{a.table, s_out, a.num_in, a.num_relations, int64_t{a.groups} * cin,
                                     int64_t{g} * cin};

@@ -89,13 +89,14 @@ __global__ void __launch_bounds__(256, 1) conv_forward_table_wgmma(const ConvTab
 
   const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
-  const int64_t m0 = table_tile_row0(BM), ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
+  const int64_t m0 = table_tile_row0(BM, a.split), ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
   const int k_steps = cin / BK;
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
 
   int load_stage = 0, mma_stage = 0;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk) * k_steps;
+    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, relation_split_rank(a.split), s_rows, s_chunk) *
+                      k_steps;
 
     int load_j = 0, load_k = 0;
     const auto issue_next = [&] {
@@ -152,6 +153,11 @@ __global__ void __launch_bounds__(256, 1) conv_forward_table_wgmma(const ConvTab
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     cp_async_wait<0>();
+  }
+  constexpr int kAcc = decltype(size(acc))::value;
+  static_assert(kAcc * kThreads * sizeof(float) <= Cfg::kBytesA + Cfg::kBytesB, "split scratch overlaps A and B");
+  if (!relation_split_sum<kAcc, kThreads>(a.split, reinterpret_cast<float*>(smem), [&](int i) -> float& { return acc(i); })) {
+    return;
   }
 
   // Epilogue: the accumulator layout holds column pairs (n, n + 1) of one row in consecutive values.

@@ -17,6 +17,7 @@
 #include "common/checks.h"
 #include "cuda/conv_launch.h"
 #include "cuda/device_buffers.h"
+#include "cuda/relation_split.h"
 #include "cuda/tile_schedule.cuh"
 
 namespace relconv::launch {
@@ -131,8 +132,9 @@ void launch_forward_table_mma_kernel(const cuda::ConvTableArgs<T, Idx>& a, dim3 
   constexpr auto kernel =
       cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kFull, kExact>;
   allow_dynamic_smem<kernel>(kBytes);
-  kernel<<<grid, kThreads, kBytes, stream>>>(a);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cuda::ConvTableArgs<T, Idx> args = a;
+  args.split = relation_split(int64_t{grid.x} * grid.y, a.num_relations);
+  launch_split(kernel, grid, kThreads, kBytes, stream, args);
 }
 
 // The whole-tile kernel (kFull, see conv_forward_table_mma) runs when x and W allow 16-byte loads and

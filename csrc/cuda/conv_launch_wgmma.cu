@@ -11,6 +11,7 @@
 
 #include "cuda/conv_forward_table_wgmma.cuh"
 #include "cuda/conv_launch.h"
+#include "cuda/relation_split.h"
 
 namespace relconv::launch {
 namespace {
@@ -54,8 +55,8 @@ void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   const int64_t row_tiles = (a.num_out + BM - 1) / BM;
   args.n_tiles = a.cout_g / BN;
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(int64_t{args.n_tiles} * a.groups));
-  kernel<<<grid, Cfg::kThreads, Cfg::kBytes, stream>>>(args);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  args.split = relation_split(int64_t{grid.x} * grid.y, a.num_relations);
+  launch_split(kernel, grid, Cfg::kThreads, Cfg::kBytes, stream, args);
 }
 
 }  // namespace

@@ -128,6 +128,8 @@ struct MmaWarpTile {
   static constexpr int kMmaK = kTf32 ? 8 : 16;  // one ldmatrix row: 16 bytes of k
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be whole 16x16 operand blocks");
   float acc[kTilesM][kTilesN][4];
+  static constexpr int kAccumulators = kTilesM * kTilesN * 4;
+  __device__ __forceinline__ float& accumulator(int i) { return (&acc[0][0][0])[i]; }
 
   __device__ __forceinline__ void zero() {
 #pragma unroll
@@ -247,6 +249,8 @@ struct SimtWarpTile {
   static constexpr int kRows = WM / 4, kPairs = WN / 16;
   static_assert(WM % 4 == 0 && WN % 16 == 0, "warp tile must split over a 4 x 8 lane grid");
   float acc[kRows][2 * kPairs];
+  static constexpr int kAccumulators = kRows * 2 * kPairs;
+  __device__ __forceinline__ float& accumulator(int i) { return (&acc[0][0])[i]; }
 
   __device__ __forceinline__ void zero() {
 #pragma unroll

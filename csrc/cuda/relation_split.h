@@ -1,0 +1,52 @@
+// Host side of the table kernels' relation split (relation_split_sum in conv_forward_table.cuh): how
+// many CTAs share one row tile, and the cluster launch that groups them.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+
+namespace relconv::launch {
+
+// CTAs per row tile for a table kernel of `blocks` CTAs over `relations` relations (clusters need
+// sm_90). Counted against SMs, not resident CTAs: CTAs sharing an SM do not add its throughput. Four
+// when the split grid still fits the SMs once; two while the unsplit grid is about one wave or less,
+// when its heaviest tiles set its length; none past that, where splitting only adds the reductions
+// (measurements at relation_split_sum).
+inline int relation_split(int64_t blocks, int64_t relations) {
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  if (prop->major < 9 || relations < 4) return 1;
+  const int64_t sms = prop->multiProcessorCount;
+  if (4 * blocks <= sms) return 4;
+  return 20 * blocks <= 21 * sms ? 2 : 1;
+}
+
+// Launches a table kernel over `grid` row tiles (x) with a.split CTAs per tile, consecutive in x and
+// one cluster each; a plain launch without a split.
+template <typename Args>
+void launch_split(void (*kernel)(Args), dim3 grid, int threads, int smem_bytes, cudaStream_t stream, const Args& a) {
+  if (a.split == 1) {
+    kernel<<<grid, threads, smem_bytes, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  TORCH_CHECK(int64_t{grid.x} * a.split <= std::numeric_limits<int32_t>::max(), "relconv: too many row tiles");
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid.x * a.split, grid.y, grid.z);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = a.split;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a));
+}
+
+}  // namespace relconv::launch
