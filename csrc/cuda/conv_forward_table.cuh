@@ -190,7 +190,7 @@ struct RelationChunk {
 // previous chunk's last step reading s_rows before they are overwritten.
 template <int BM, int kThreads, typename T, typename Idx>
 __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& a, const int64_t* s_out, int64_t c0,
-                                                   int rank, int32_t* s_rows, RelationChunk& chunk) {
+                                                   int32_t* s_rows, RelationChunk& chunk) {
   const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
   if (threadIdx.x == 0) chunk.busy = 0;
   __syncthreads();
@@ -209,7 +209,8 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
   if (threadIdx.x < 32) {
     // Relation c0 + lane goes to rank lane % split (split divides kRelChunk): a fixed owner per
     // relation, whatever rows share the tile.
-    const bool mine = (chunk.busy >> threadIdx.x & 1u) && static_cast<int>(threadIdx.x) % a.split == rank;
+    const bool mine =
+        (chunk.busy >> threadIdx.x & 1u) && static_cast<int>(threadIdx.x) % a.split == relation_split_rank(a.split);
     const unsigned share = __ballot_sync(0xffffffffu, mine);
     if (mine) chunk.list[__popc(share & ((1u << threadIdx.x) - 1u))] = threadIdx.x;
     if (threadIdx.x == 0) chunk.count = __popc(share);
@@ -245,7 +246,6 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   const int64_t m0 = table_tile_row0(BM, a.split), ldx = int64_t{a.groups} * cin, goff = int64_t{g} * cin;
   const int k_steps = (cin + BK - 1) / BK;
   const int warp = threadIdx.x / 32, wm = warp / (BN / WN), wn = warp % (BN / WN);
-  const int rank = relation_split_rank(a.split);
 
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
 
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   // s_chunk.list[load_j], K chunk load_k).
   int load_stage = 0, mma_stage = 0;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, rank, s_rows, s_chunk) * k_steps;
+    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk) * k_steps;
 
     // Starts the loads of the next step (in step order) into the next stage.
     int load_j = 0, load_k = 0;

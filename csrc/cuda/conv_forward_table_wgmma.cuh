@@ -95,8 +95,7 @@ __global__ void __launch_bounds__(256, 1) conv_forward_table_wgmma(const ConvTab
 
   int load_stage = 0, mma_stage = 0;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, relation_split_rank(a.split), s_rows, s_chunk) *
-                      k_steps;
+    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk) * k_steps;
 
     int load_j = 0, load_k = 0;
     const auto issue_next = [&] {

@@ -17,24 +17,13 @@
 #include "common/checks.h"
 #include "cuda/conv_launch.h"
 #include "cuda/device_buffers.h"
-#include "cuda/relation_split.h"
+#include "cuda/kernel_launch.h"
 #include "cuda/tile_schedule.cuh"
 
 namespace relconv::launch {
 namespace {
 
 using cuda::acc_t;
-
-// Past 48 KiB of dynamic shared memory a kernel must opt in (once per process and kernel; the
-// attribute is per function, and every device of one process runs the same image).
-template <auto Kernel>
-void allow_dynamic_smem(int bytes) {
-  static const bool opted_in = [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    return true;
-  }();
-  (void)opted_in;
-}
 
 // Device-side tile offsets (see tile_schedule.cuh) into `tile_ptr` ([R + 2]), and the block count
 // that covers them. Fixed tiles (target_tiles == 0): ceil(P / pairs_per_tile) + R blocks, P being

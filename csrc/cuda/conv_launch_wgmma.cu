@@ -11,7 +11,7 @@
 
 #include "cuda/conv_forward_table_wgmma.cuh"
 #include "cuda/conv_launch.h"
-#include "cuda/relation_split.h"
+#include "cuda/kernel_launch.h"
 
 namespace relconv::launch {
 namespace {
@@ -46,11 +46,7 @@ template <typename T, int BM, int BN, int kStages>
 void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   using Cfg = cuda::WgmmaTableConfig<T, BM, BN, kStages>;
   constexpr auto kernel = cuda::conv_forward_table_wgmma<T, BM, BN, kStages>;
-  static const bool opted_in = [] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kBytes));
-    return true;
-  }();
-  (void)opted_in;
+  allow_dynamic_smem<kernel>(Cfg::kBytes);
   cuda::ConvTableArgs<T, int32_t> args = a;
   const int64_t row_tiles = (a.num_out + BM - 1) / BM;
   args.n_tiles = a.cout_g / BN;

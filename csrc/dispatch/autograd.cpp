@@ -32,9 +32,12 @@ at::Tensor or_undefined(const std::optional<at::Tensor>& t) { return t.has_value
 std::optional<at::Tensor> as_optional(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
-// Float32 weights with half-precision features: the op runs in the features' dtype.
-bool mixed_precision(const at::Tensor& x, const at::Tensor& weight) {
-  return weight.scalar_type() == at::kFloat && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+// The weight in the dtype the op runs in: a float32 weight with half-precision features is cast to
+// the features' dtype (unrecorded); any other weight is returned as it is.
+at::Tensor weight_for_op(const at::Tensor& x, const at::Tensor& weight) {
+  const bool mixed =
+      weight.scalar_type() == at::kFloat && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+  return mixed ? weight.to(x.scalar_type()) : weight;
 }
 // Whether autograd has work in a call: a recorded input that needs a gradient, or a forward-mode
 // tangent on one (Function::apply then raises that the op has no jvp, rather than dropping it).
@@ -77,8 +80,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     // casts it to the weight's dtype. The cast copy is saved for the input gradient; a backward that
     // builds a graph (double backward) casts again from the saved weight, so that the cast is
     // recorded and reaches the weight. Other mismatches reach the checks.
-    const bool mixed = mixed_precision(x, weight);
-    const at::Tensor w = mixed ? weight.to(x.scalar_type()) : weight;
+    const at::Tensor w = weight_for_op(x, weight);
+    const bool mixed = !w.is_same(weight);
     at::Tensor out = conv_op().call(x, w, in_index, out_index, rel_ptr, scale, std::move(num_out),
                                     neighbor_table, table_order, bias, relu, transposed_table, transposed_order);
     // The transposed table serves the input gradient on CUDA only: the CPU kernel reads the pairs.
@@ -206,8 +209,7 @@ at::Tensor conv_autograd(const at::Tensor& x, const at::Tensor& weight, const at
     // Nothing to record: the op below autograd directly. Function::apply builds its node, context
     // and output wrapping even when it records nothing, several us of host time per inference layer.
     at::AutoDispatchBelowADInplaceOrView below;
-    const at::Tensor w = mixed_precision(x, weight) ? weight.to(x.scalar_type()) : weight;
-    return conv_op().call(x, w, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table, table_order,
+    return conv_op().call(x, weight_for_op(x, weight), in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table, table_order,
                           bias, relu, transposed_table, transposed_order);
   }
   return ConvFunction::apply(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,

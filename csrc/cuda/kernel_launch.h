@@ -1,5 +1,6 @@
-// Host side of the table kernels' relation split (relation_split_sum in conv_forward_table.cuh): how
-// many CTAs share one row tile, and the cluster launch that groups them.
+// Host-side launch helpers shared by the conv launchers (conv_launch.cuh, conv_launch_wgmma.cu): the
+// dynamic shared memory opt-in, and the table kernels' relation split (relation_split_sum in
+// conv_forward_table.cuh): how many CTAs share one row tile, and the cluster launch that groups them.
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
@@ -10,6 +11,17 @@
 #include <limits>
 
 namespace relconv::launch {
+
+// Past 48 KiB of dynamic shared memory a kernel must opt in (once per process and kernel; the
+// attribute is per function, and every device of one process runs the same image).
+template <auto Kernel>
+void allow_dynamic_smem(int bytes) {
+  static const bool opted_in = [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)opted_in;
+}
 
 // CTAs per row tile for a table kernel of `blocks` CTAs over `relations` relations (clusters need
 // sm_90). Counted against SMs, not resident CTAs: CTAs sharing an SM do not add its throughput. Four
