@@ -59,7 +59,9 @@
 //            + bias) in x's dtype. training: batch mean and biased variance, saved [C] in the
 //            accumulation dtype, and the running statistics (when given) blended in place with
 //            momentum, the variance unbiased (torch's semantics); otherwise the running statistics
-//            (required) and empty saved tensors. No host sync.
+//            (required) and empty saved tensors. num_batches_tracked (int64, one element): torch's
+//            BatchNorm counter, incremented in place when training (on CUDA by the statistics
+//            kernel: no launch of its own). No host sync.
 //   batch_norm_act_backward(...) -> (grad_x, grad_weight, grad_bias): the outputs left out by
 //            output_mask are empty; grad_weight / grad_bias are in the parameter dtype. Not itself
 //            differentiable (the autograd node makes a double backward raise).
@@ -87,8 +89,8 @@ TORCH_LIBRARY(relconv, m) {
   m.def("strided_coords(Tensor coords, int[3] step, Tensor? input_error=None) -> Tensor");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
-      "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "
+      "Tensor(c!)? num_batches_tracked=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, "
       "Tensor? running_mean, Tensor? running_var, Tensor save_mean, Tensor save_invstd, bool training, "

@@ -45,6 +45,16 @@ inline at::ScalarType check_batch_norm_args(const at::Tensor& x, const std::opti
   return param_dtype.value_or(acc_dtype(dt));
 }
 
+// torch's BatchNorm counter (num_batches_tracked): an int64 one-element tensor on x's device.
+inline void check_batch_counter(const std::optional<at::Tensor>& counter, const at::Tensor& x) {
+  if (!counter.has_value()) return;
+  TORCH_CHECK_VALUE(counter->scalar_type() == at::kLong && counter->numel() == 1,
+                    "num_batches_tracked must be an int64 tensor of one element, got ", counter->scalar_type(),
+                    " of shape ", counter->sizes());
+  TORCH_CHECK_VALUE(counter->device() == x.device(), "num_batches_tracked must be on ", x.device(),
+                    " like x, got ", counter->device());
+}
+
 // The backward's extra tensors against x: grad_out like x, the saved batch statistics [C] in the
 // accumulation dtype when training.
 inline void check_batch_norm_backward_args(const at::Tensor& grad_out, const at::Tensor& x,

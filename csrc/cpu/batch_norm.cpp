@@ -37,8 +37,10 @@ at::Tensor affine(const at::Tensor& xa, const at::Tensor& mean, const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_cpu(
     const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
-    double momentum, double eps, bool relu) {
+    double momentum, double eps, bool relu, const std::optional<at::Tensor>& num_batches_tracked) {
   check_batch_norm_args(x, weight, bias, running_mean, running_var, training);
+  check_batch_counter(num_batches_tracked, x);
+  if (training && num_batches_tracked) num_batches_tracked->add_(1);
   const auto acc_type = acc_dtype(x.scalar_type());
   const int64_t n = x.size(0);
   if (x.numel() == 0) {

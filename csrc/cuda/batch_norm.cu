@@ -1,7 +1,8 @@
 // CUDA launchers of relconv::batch_norm_act and its backward (kernels in batch_norm.cuh). A training
-// forward is one memset (the reduction tickets) and two kernels (statistics + finalize, apply); a
-// training backward the same (sums + finalize, input gradient); an eval forward one kernel. Every
-// size comes from tensor shapes: no host synchronisation, capturable in a CUDA graph.
+// forward is two kernels (statistics + finalize, apply); a training backward the same (sums +
+// finalize, input gradient); an eval forward one kernel. The reduction tickets need no per-call
+// clearing (stream_tickets). Every size comes from tensor shapes: no host synchronisation,
+// capturable in a CUDA graph.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -13,6 +14,8 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -110,9 +113,37 @@ Launch plan(int64_t rows, int64_t channels, int vec) {
           static_cast<int>(apply_blocks)};
 }
 
+// Reduction tickets that are zero whenever a kernel on `stream` starts: one buffer per (device,
+// stream), cleared when first made and kept zero by the kernels themselves (batch_norm.cuh). Kernels
+// on one stream run in order, so they never share a ticket at the same time; torch's streams live
+// as long as the process. Saves a memset (a host API call) per reduction: two per BatchNorm layer of
+// a training step. Null where a per-call cleared ticket is needed instead: while the stream is
+// being captured into a CUDA graph (the graph must not depend on state made outside it) and past
+// kStreamTickets tiles.
+unsigned* stream_tickets(int64_t count, const at::Tensor& like, cudaStream_t stream) {
+  constexpr int64_t kStreamTickets = 1024;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (count > kStreamTickets || cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();  // a refused query (capture on another thread) is not an error here
+    return nullptr;
+  }
+  static std::mutex mutex;
+  // Never destroyed: the buffers must outlive every kernel, and static destructors run after the
+  // CUDA runtime may have shut down.
+  static auto* buffers = new std::map<std::pair<c10::DeviceIndex, cudaStream_t>, at::Tensor>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& buffer = (*buffers)[{like.device().index(), stream}];
+  if (!buffer.defined()) {
+    buffer = at::empty({kStreamTickets}, like.options().dtype(at::kInt));
+    C10_CUDA_CHECK(cudaMemsetAsync(buffer.mutable_data_ptr(), 0, buffer.nbytes(), stream));
+  }
+  return static_cast<unsigned*>(buffer.mutable_data_ptr());
+}
+
 // Scratch of one reduction: partials [2][blocks][C] and `coef_floats` more accumulation-type values,
-// then one ticket per tile, cleared by one memset. A fresh allocation per call (the caching
-// allocator's, stream-ordered), so concurrent calls never share tickets.
+// and one ticket per tile: the stream's (stream_tickets) or, where there are none, a per-call one
+// after the values, cleared by a memset.
 struct Workspace {
   at::Tensor storage;
   void* partials;
@@ -124,14 +155,17 @@ Workspace workspace(const Launch& l, const at::Tensor& x, int64_t coef_floats, c
   const int64_t elem = x.scalar_type() == at::kDouble ? 8 : 4;
   const int64_t partial_bytes = 2 * int64_t{l.reduce_blocks} * l.shape.channels * elem;
   const int64_t coef_bytes = coef_floats * elem;
-  const int64_t ticket_bytes = int64_t{l.tiles} * static_cast<int64_t>(sizeof(unsigned));
   Workspace w;
+  w.tickets = stream_tickets(l.tiles, x, stream);
+  const int64_t ticket_bytes = w.tickets ? 0 : int64_t{l.tiles} * static_cast<int64_t>(sizeof(unsigned));
   w.storage = at::empty({partial_bytes + coef_bytes + ticket_bytes}, x.options().dtype(at::kByte));
   auto* base = static_cast<char*>(w.storage.data_ptr());
   w.partials = base;
   w.coef = base + partial_bytes;
-  w.tickets = reinterpret_cast<unsigned*>(base + partial_bytes + coef_bytes);
-  C10_CUDA_CHECK(cudaMemsetAsync(w.tickets, 0, ticket_bytes, stream));
+  if (!w.tickets) {
+    w.tickets = reinterpret_cast<unsigned*>(base + partial_bytes + coef_bytes);
+    C10_CUDA_CHECK(cudaMemsetAsync(w.tickets, 0, ticket_bytes, stream));
+  }
   return w;
 }
 
@@ -155,15 +189,19 @@ dim3 grid(int blocks, const Launch& l) { return dim3(static_cast<unsigned>(block
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_cuda(const at::Tensor& x, const Opt& weight,
                                                                    const Opt& bias, const Opt& running_mean,
                                                                    const Opt& running_var, bool training,
-                                                                   double momentum, double eps, bool relu) {
+                                                                   double momentum, double eps, bool relu,
+                                                                   const Opt& num_batches_tracked) {
   const auto param_type = check_batch_norm_args(x, weight, bias, running_mean, running_var, training);
+  check_batch_counter(num_batches_tracked, x);
   TORCH_CHECK_VALUE(x.is_contiguous(), "x must be contiguous");
   const c10::cuda::CUDAGuard guard(x.device());
   const auto acc_opts = x.options().dtype(acc_dtype(x.scalar_type()));
   const int64_t n = x.size(0), c = x.size(1);
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) {
-    // An empty batch has no statistics (zeros are returned) and leaves the running ones alone.
+    // An empty batch has no statistics (zeros are returned) and leaves the running ones alone; it
+    // still counts as a batch, as in torch's BatchNorm.
+    if (training && num_batches_tracked) num_batches_tracked->add_(1);
     const int64_t saved = training ? c : 0;
     return {out, at::zeros({saved}, acc_opts), at::zeros({saved}, acc_opts)};
   }
@@ -188,6 +226,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_cuda(const at::Ten
         a.save_invstd = reinterpret_cast<acc_t<T>*>(save_invstd.data_ptr());
         a.running_mean = ptr_or_null<P>(running_mean);
         a.running_var = ptr_or_null<P>(running_var);
+        a.batch_counter = ptr_or_null<int64_t>(num_batches_tracked);
         a.momentum = momentum;
         a.eps = eps;
         cuda::bn_stats<T, P, V><<<grid(l.reduce_blocks, l), kBnThreads, 0, stream>>>(l.shape, a);

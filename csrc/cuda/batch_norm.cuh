@@ -14,9 +14,9 @@
 // in a fixed order into one partial per channel (workspace, [2][blocks][C] in the accumulation type),
 // and the last block of a channel tile to finish (an atomic ticket per tile after a __threadfence)
 // sums the partials in a fixed order in double and finalises the channel. No float atomics, so two
-// runs are bitwise equal. The tickets must be zero at launch (the launcher clears them with one
-// memset; the workspace is a fresh allocation per call, so calls on different streams never share
-// tickets).
+// runs are bitwise equal. The tickets must be zero at launch, and are zero again when the kernel
+// ends: the ticket counter wraps (atomicInc) as the last block draws it, so a ticket buffer cleared
+// once serves every later launch on its stream (see stream_tickets in batch_norm.cu).
 //
 // The statistics are sums of (x - K) and (x - K)^2 with the shift K = x[0, c]: with K inside the
 // data the sums do not cancel the way raw moments do (values of O(100) with unit variance), and the
@@ -185,7 +185,8 @@ __device__ __forceinline__ void bn_reduce_and_finish(const BnShape& s, const BnT
   __threadfence();
   __syncthreads();
   __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(&tickets[blockIdx.y], 1u) == gridDim.x - 1;
+  // atomicInc stores 0 when it reads gridDim.x - 1: the last draw resets the ticket for the next launch.
+  if (threadIdx.x == 0) last = atomicInc(&tickets[blockIdx.y], gridDim.x - 1) == gridDim.x - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -215,11 +216,12 @@ template <typename T, typename P>
 struct BnStatsArgs {
   const T* x;
   acc_t<T>* partials;  // [2][gridDim.x][C]
-  unsigned* tickets;   // [gridDim.y], zero at launch
+  unsigned* tickets;   // [gridDim.y], zero at launch (and at exit)
   acc_t<T>* save_mean;
   acc_t<T>* save_invstd;
   P* running_mean;  // updated in place when not null
   P* running_var;
+  int64_t* batch_counter;  // num_batches_tracked, incremented by one block; or nullptr
   double momentum;
   double eps;
 };
@@ -229,6 +231,8 @@ struct BnStatsArgs {
 template <typename T, typename P, int V>
 __global__ void __launch_bounds__(kBnThreads) bn_stats(BnShape s, BnStatsArgs<T, P> a) {
   __shared__ double smem[2 * kBnThreads * V + kBnThreads];
+  // The module's batch counter rides on this launch (a separate add_ was one launch per layer).
+  if (a.batch_counter != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ++*a.batch_counter;
   const BnThread th = bn_thread<V>(s);
   double acc[2][V] = {};
   if (th.row >= 0) {
@@ -325,7 +329,7 @@ struct BnBackwardArgs {
   const T* x;
   T* grad_x;           // bn_backward_reduce: written here in eval mode when not null
   acc_t<T>* partials;  // [2][gridDim.x][C]
-  unsigned* tickets;   // [gridDim.y], zero at launch
+  unsigned* tickets;   // [gridDim.y], zero at launch (and at exit)
   P* grad_weight;      // [C] when not null
   P* grad_bias;        // [C] when not null
   acc_t<T>* coef;      // [2][C] when not null: sum(g) / n and sum(g * (x - mean)) * invstd^2 / n

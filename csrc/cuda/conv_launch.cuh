@@ -16,7 +16,6 @@
 
 #include "common/checks.h"
 #include "cuda/conv_launch.h"
-#include "cuda/device_buffers.h"
 #include "cuda/kernel_launch.h"
 #include "cuda/tile_schedule.cuh"
 
@@ -28,13 +27,16 @@ using cuda::acc_t;
 // Device-side tile offsets (see tile_schedule.cuh) into `tile_ptr` ([R + 2]), and the block count
 // that covers them. Fixed tiles (target_tiles == 0): ceil(P / pairs_per_tile) + R blocks, P being
 // the pair arrays' length (an upper bound of rel_ptr[R]). Device-sized tiles: target_tiles + R.
+// `zero` (optional, float or double): a buffer the same launch sets to zero.
 int64_t schedule_tiles(const at::Tensor& rel_ptr, int64_t num_pairs, int64_t pairs_per_tile, int64_t target_tiles,
-                       int64_t granule, at::Tensor& tile_ptr, cudaStream_t stream) {
+                       int64_t granule, at::Tensor& tile_ptr, cudaStream_t stream, at::Tensor* zero = nullptr) {
   const int64_t num_rel = rel_ptr.numel() - 1;
   tile_ptr = at::empty({num_rel + 2}, rel_ptr.options());
-  cuda::relation_tile_offsets<<<1, cuda::kScheduleThreads, 0, stream>>>(
+  const int64_t zero_words = zero != nullptr ? static_cast<int64_t>(zero->nbytes() / sizeof(uint32_t)) : 0;
+  cuda::relation_tile_offsets<<<1 + cuda::zeroing_blocks(zero_words), cuda::kScheduleThreads, 0, stream>>>(
       rel_ptr.const_data_ptr<int64_t>(), num_rel, num_pairs, pairs_per_tile, target_tiles, granule,
-      tile_ptr.mutable_data_ptr<int64_t>());
+      tile_ptr.mutable_data_ptr<int64_t>(),
+      zero_words > 0 ? static_cast<uint32_t*>(zero->mutable_data_ptr()) : nullptr, zero_words);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const int64_t bound =
       (target_tiles > 0 ? target_tiles : (num_pairs + pairs_per_tile - 1) / pairs_per_tile) + num_rel;
@@ -228,7 +230,8 @@ int64_t weight_grad_target_tiles(int64_t target_blocks, int64_t blocks_per_tile,
 // Launches one weight-gradient kernel over every relation and returns dW in `out` (x's dtype or the
 // float32 accumulator's: then the atomic path returns its buffer as it is). Deterministic
 // mode: per-tile partial sums, then weight_grad_reduce (3 launches, no atomics); otherwise atomics
-// into a zeroed fp32/fp64 buffer and a cast (4 launches).
+// into an fp32/fp64 buffer zeroed by the schedule launch, and a cast unless `out` is that buffer's
+// dtype (2 or 3 launches).
 template <typename T, typename Idx, typename Cfg, int kStages, bool kTensorCores>
 at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& rel_ptr, bool deterministic,
                               const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
@@ -244,15 +247,17 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   const int64_t target_blocks =
       kTensorCores ? 4 * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
   const int64_t target_tiles = weight_grad_target_tiles(target_blocks, y * a.groups, max_tiles);
-  at::Tensor tile_ptr;
-  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, 0, target_tiles, Cfg::BK, tile_ptr, stream);
+  // The atomic accumulator is zeroed by the schedule launch; the deterministic partials (sized by
+  // the schedule's tile bound) are each written once.
+  at::Tensor tile_ptr, buffer;
+  if (!deterministic) buffer = at::empty({a.num_relations, per_relation}, opts.dtype(acc));
+  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, 0, target_tiles, Cfg::BK, tile_ptr, stream,
+                                       deterministic ? nullptr : &buffer);
   a.tile_ptr = tile_ptr.const_data_ptr<int64_t>();
-  at::Tensor buffer;
   if (deterministic) {
     buffer = at::empty({tiles, per_relation}, opts.dtype(acc));
     a.partial = reinterpret_cast<acc_t<T>*>(buffer.mutable_data_ptr());
   } else {
-    buffer = memset_tensor({a.num_relations, per_relation}, opts.dtype(acc), 0, stream);
     a.dw = reinterpret_cast<acc_t<T>*>(buffer.mutable_data_ptr());
   }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y), static_cast<unsigned>(a.groups));

@@ -8,7 +8,16 @@ namespace relconv::cuda {
 __global__ void __launch_bounds__(kScheduleThreads)
     relation_tile_offsets(const int64_t* __restrict__ rel_ptr, int64_t num_relations, int64_t num_pairs,
                           int64_t pairs_per_tile, int64_t target_tiles, int64_t granule,
-                          int64_t* __restrict__ tile_ptr) {
+                          int64_t* __restrict__ tile_ptr, uint32_t* __restrict__ zero, int64_t zero_words) {
+  if (blockIdx.x > 0) {
+    // The buffer comes from the caching allocator (256-byte aligned): whole uint4s, then the tail.
+    const int64_t stride = int64_t{gridDim.x - 1} * blockDim.x;
+    const int64_t first = int64_t{blockIdx.x - 1} * blockDim.x + threadIdx.x;
+    const int64_t vecs = zero_words / 4;
+    for (int64_t i = first; i < vecs; i += stride) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+    for (int64_t i = vecs * 4 + first; i < zero_words; i += stride) zero[i] = 0;
+    return;
+  }
   using Scan = cub::BlockScan<int64_t, kScheduleThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int64_t carry, tile_size;

@@ -10,6 +10,7 @@
 // rel_ptr[R] so that at most `target_tiles` + R tiles result (the weight gradient): the host never
 // needs the pair count, so pair lists padded past rel_ptr[R] (RelationalMap.kernel_pairs, built
 // without a host sync) schedule exactly like exact ones.
+#include <algorithm>
 #include <cstdint>
 
 namespace relconv::cuda {
@@ -33,13 +34,21 @@ constexpr int kScheduleThreads = 512;
 // tile_ptr[0] = 0, tile_ptr[r + 1] = tile_ptr[r] + ceil(pairs of relation r / pairs_per_tile), and
 // tile_ptr[R + 1] = pairs_per_tile (tile_ptr has R + 2 entries). With target_tiles > 0 the tile size
 // is the smallest multiple of `granule` that cuts the P = rel_ptr[R] pairs into at most target_tiles
-// tiles (pairs_per_tile is then ignored). One block of kScheduleThreads walks the relations in chunks,
-// carrying the running total.
+// tiles (pairs_per_tile is then ignored). Block 0 (kScheduleThreads threads) walks the relations in
+// chunks, carrying the running total. Blocks 1.. zero `zero_words` 32-bit words at `zero` (the weight
+// gradient's atomic accumulator, which the next launch adds into): one launch instead of a memset
+// and a launch, two host API calls per weight gradient being a measurable share of a training step.
 // Defined in tile_schedule.cu (one definition for every translation unit that launches it).
 __global__ void __launch_bounds__(kScheduleThreads)
     relation_tile_offsets(const int64_t* __restrict__ rel_ptr, int64_t num_relations, int64_t num_pairs,
                           int64_t pairs_per_tile, int64_t target_tiles, int64_t granule,
-                          int64_t* __restrict__ tile_ptr);
+                          int64_t* __restrict__ tile_ptr, uint32_t* __restrict__ zero, int64_t zero_words);
+
+// Blocks of relation_tile_offsets past the first that zero `words` words (none when words == 0).
+inline unsigned zeroing_blocks(int64_t words) {
+  constexpr int64_t kWordsPerBlock = int64_t{kScheduleThreads} * 16;  // 4 uint4 stores per thread
+  return static_cast<unsigned>(std::min<int64_t>((words + kWordsPerBlock - 1) / kWordsPerBlock, 1024));
+}
 
 // The tile a block works on: relation r and its pair range [begin, end) (at most pairs_per_tile).
 struct PairTile {

@@ -26,7 +26,7 @@ using Opt = std::optional<at::Tensor>;
 
 using BatchNormSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const Opt&, const Opt&,
                                                                           const Opt&, const Opt&, bool, double,
-                                                                          double, bool);
+                                                                          double, bool, const Opt&);
 using BatchNormBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const Opt&, const Opt&, const Opt&, const Opt&, const at::Tensor&,
     const at::Tensor&, bool, double, bool, std::array<bool, 3>);
@@ -58,13 +58,14 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const Opt& weight, const Opt& bias,
                                const Opt& running_mean, const Opt& running_var, bool training, double momentum,
-                               double eps, bool relu) {
+                               double eps, bool relu, const Opt& num_batches_tracked) {
     at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, save_mean, save_invstd] =
-        batch_norm_op().call(x, weight, bias, running_mean, running_var, training, momentum, eps, relu);
+    auto [out, save_mean, save_invstd] = batch_norm_op().call(x, weight, bias, running_mean, running_var, training,
+                                                              momentum, eps, relu, num_batches_tracked);
     if (training) {
       bump_version(running_mean);
       bump_version(running_var);
+      bump_version(num_batches_tracked);
       ctx->save_for_backward({x, or_undefined(weight), or_undefined(bias), save_mean, save_invstd});
     } else {
       ctx->save_for_backward(
@@ -85,7 +86,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return variable_list(9);  // nothing flows back through the output
+    if (!grads[0].defined()) return variable_list(10);  // nothing flows back through the output
     const auto saved = ctx->get_saved_variables();
     const bool training = ctx->saved_data["training"].toBool();
     const int64_t weight_edge = ctx->saved_data["weight_edge"].toInt();
@@ -116,16 +117,19 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
       out = error.apply(std::move(out));
     }
     // One entry per forward argument: x, weight, bias, running_mean, running_var, training, momentum,
-    // eps, relu.
-    return {out[0], out[1], out[2], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    // eps, relu, num_batches_tracked.
+    return {out[0],       out[1],       out[2],       at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_autograd(const at::Tensor& x, const Opt& weight,
                                                                        const Opt& bias, const Opt& running_mean,
                                                                        const Opt& running_var, bool training,
-                                                                       double momentum, double eps, bool relu) {
-  auto outs = BatchNormActFunction::apply(x, weight, bias, running_mean, running_var, training, momentum, eps, relu);
+                                                                       double momentum, double eps, bool relu,
+                                                                       const Opt& num_batches_tracked) {
+  auto outs = BatchNormActFunction::apply(x, weight, bias, running_mean, running_var, training, momentum, eps, relu,
+                                          num_batches_tracked);
   return {outs[0], outs[1], outs[2]};
 }
 

@@ -23,6 +23,7 @@ def batch_norm_act(
     momentum: float = 0.1,
     eps: float = 1e-5,
     relu: bool = False,
+    num_batches_tracked: Tensor | None = None,
 ) -> Tensor:
     """`relu?(torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, training,
     momentum, eps))` for voxel features.
@@ -38,6 +39,8 @@ def batch_norm_act(
         momentum: weight of the batch statistics in the running-statistics update.
         eps: added to the variance.
         relu: apply max(0, .) to the output.
+        num_batches_tracked: optional int64 one-element counter (torch's BatchNorm buffer),
+            incremented in place when `training`; on CUDA inside the statistics kernel.
 
     Returns:
         [N, C] in x's dtype. On CUDA this is one relconv op (a C++ autograd node, two kernels per
@@ -50,6 +53,13 @@ def batch_norm_act(
         raise ValueError(f"x must be a 2-D tensor [N, C], got {_describe(x)}")
     if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
         raise TypeError(f"momentum must be a float, got {type(momentum).__name__}")
+    if num_batches_tracked is not None and not (
+        isinstance(num_batches_tracked, Tensor)
+        and num_batches_tracked.dtype == torch.int64
+        and num_batches_tracked.numel() == 1
+    ):
+        got = _describe(num_batches_tracked)
+        raise ValueError(f"num_batches_tracked must be an int64 tensor of one element, got {got}")
     if training and x.shape[0] == 1:
         # Checked before the op too, with torch's message, so this common mistake raises from Python.
         raise ValueError(
@@ -58,8 +68,12 @@ def batch_norm_act(
     if x.is_cuda and x.dtype in _FLOATING:
         # The op checks the rest (ValueError naming the argument).
         x = x if x.is_contiguous() else x.contiguous()
-        return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, relu)[0]
+        return _batch_norm(
+            x, weight, bias, running_mean, running_var, training, momentum, eps, relu, num_batches_tracked
+        )[0]
     _check_params(x, weight, bias, running_mean, running_var, training=training)
+    if training and num_batches_tracked is not None:
+        num_batches_tracked.add_(1)
     out = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     return F.relu(out) if relu else out
 
@@ -98,7 +112,9 @@ def _param_dtype(x: Tensor, *params: Tensor | None) -> torch.dtype:
 
 # ---------------------------------------------------------------------------- fake kernels
 @torch.library.register_fake("relconv::batch_norm_act")
-def _batch_norm_fake(x, weight, bias, running_mean, running_var, training, momentum, eps, relu=False):
+def _batch_norm_fake(
+    x, weight, bias, running_mean, running_var, training, momentum, eps, relu=False, num_batches_tracked=None
+):
     saved = x.shape[1] if training else 0
     acc = _acc_dtype(x.dtype)
     return x.new_empty(x.shape), x.new_empty((saved,), dtype=acc), x.new_empty((saved,), dtype=acc)

@@ -25,8 +25,6 @@ class LayerMap(NamedTuple):
     out_coords: Tensor
     out_stride: Triple
     out_cache: MapCache
-    # With `defer_check`: the input coordinates' index while its validation is still due.
-    unchecked: km.CoordIndex | None = None
 
 
 def layer_map(
@@ -37,15 +35,13 @@ def layer_map(
     transposed: bool = False,
     generative: bool = False,
     indice_key: str | None = None,
-    defer_check: bool = False,
 ) -> LayerMap:
     """The map a conv/pool layer applies to `x`, from the cache or freshly built (then cached).
 
     A plain transposed conv outputs the coordinates the matching strided conv started from; a
     generative one outputs new coordinates and so starts a new cache for them.
-    `defer_check`: a new CUDA coordinate set's duplicate / batch check (a host sync) is left to the
-    caller, who runs it through `LayerMap.unchecked.ensure_valid()` after queueing its kernel, so
-    the sync waits for the layer's work instead of stalling the queue before it.
+    A new CUDA coordinate set is checked (duplicates, batch indices: one host sync) before this
+    returns, so nothing computed over a bad set is ever queued.
     """
     cache = x.cache
     named = cache.named.get(indice_key) if indice_key is not None else None
@@ -55,7 +51,7 @@ def layer_map(
         entry = _downsampling_entry_for_transpose(x, kernel_size, stride, dilation)
         rmap = _transposed(entry)
     else:
-        entry = _forward_entry(x, kernel_size, stride, dilation, generative, defer_check)
+        entry = _forward_entry(x, kernel_size, stride, dilation, generative)
         rmap = entry.rmap
     if indice_key is not None:
         cache.named.setdefault(indice_key, entry)
@@ -65,16 +61,10 @@ def layer_map(
         fresh = MapCache()
         fresh.coords[entry.out_stride] = entry.out_coords
         return LayerMap(rmap, entry.out_coords, entry.out_stride, fresh)
-    unchecked = None
-    if defer_check:
-        index = cache.indexes.get(x.stride)
-        unchecked = index if index is not None and not index.validated else None
-    return LayerMap(rmap, entry.out_coords, entry.out_stride, cache, unchecked)
+    return LayerMap(rmap, entry.out_coords, entry.out_stride, cache)
 
 
-def _forward_entry(
-    x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: bool, defer_check: bool = False
-) -> MapEntry:
+def _forward_entry(x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: bool) -> MapEntry:
     ts = x.stride
     if generative:
         if any(t % si for t, si in zip(ts, s, strict=True)):
@@ -90,7 +80,7 @@ def _forward_entry(
         entry = MapEntry(rmap, x.coords, ts, out, tuple(t // si for t, si in zip(ts, s, strict=True)))
     elif s == (1, 1, 1):
         index = x.cache.coord_index(x.coords, ts)
-        rmap = km.submanifold_map(x.coords, k, d, ts, index=index, validate=not defer_check)
+        rmap = km.submanifold_map(x.coords, k, d, ts, index=index)
         entry = MapEntry(rmap, x.coords, ts, x.coords, ts)
     else:
         out_ts = tuple(t * si for t, si in zip(ts, s, strict=True))

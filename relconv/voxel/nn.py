@@ -50,8 +50,6 @@ class BatchNorm(_FeatureWise):
         if not feats.is_cuda or bn.momentum is None:
             out = bn(feats)
             return torch.relu(out) if relu else out
-        if bn.training and bn.track_running_stats:
-            bn.num_batches_tracked.add_(1)
         # torch's rule: the running statistics are read in eval mode and updated in training when tracked.
         use_running = not bn.training or bn.track_running_stats
         return batch_norm_act(
@@ -64,6 +62,8 @@ class BatchNorm(_FeatureWise):
             bn.momentum,
             bn.eps,
             relu,
+            # torch counts batches in training when tracking; the op increments it in its kernel.
+            bn.num_batches_tracked if bn.training and bn.track_running_stats else None,
         )
 
 

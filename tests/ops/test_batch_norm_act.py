@@ -233,12 +233,49 @@ def test_wrapper_type_errors():
         batch_norm_act("x", w, b, rm, rv, True)
 
 
+def counted_op(x, w, b, rm, rv, training, counter):
+    return OP(x, w, b, rm, rv, training, 0.1, 1e-5, False, counter)[0]
+
+
+def counted_wrapper(x, w, b, rm, rv, training, counter):
+    return batch_norm_act(x, w, b, rm, rv, training, num_batches_tracked=counter)
+
+
+COUNTED = [counted_op, counted_wrapper]
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fn", COUNTED, ids=["op", "wrapper"])
+def test_num_batches_tracked_counts_training_calls(device, fn):
+    """torch's BatchNorm counter: +1 per training call (an empty batch too), unchanged in eval."""
+    x, w, b, rm, rv = make_inputs(40, 3, torch.float32, device)
+    counter = torch.tensor(5, dtype=torch.int64, device=device)
+    for _ in range(3):
+        fn(x, w, b, rm, rv, True, counter)
+    fn(x, w, b, rm, rv, False, counter)
+    fn(x[:0], w, b, rm, rv, True, counter)
+    assert counter.item() == 9
+
+
+@pytest.mark.parametrize("fn", COUNTED, ids=["op", "wrapper"])
+@pytest.mark.parametrize(
+    "counter", [torch.tensor(0.0), torch.zeros(2, dtype=torch.int64)], ids=["float", "two-elements"]
+)
+def test_bad_num_batches_tracked(fn, counter):
+    x, w, b, rm, rv = make_inputs(6, 3, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="num_batches_tracked must be an int64 tensor of one element"):
+        fn(x, w, b, rm, rv, True, counter)
+
+
 def test_opcheck_cpu():
     x, w, b, rm, rv = make_inputs(12, 4, torch.float32, "cpu")
     x, w, b = (t.requires_grad_() for t in (x, w, b))
     for training in (True, False):
         torch.library.opcheck(OP, (x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5, True))
         torch.library.opcheck(OP, (x, None, None, rm.clone(), rv.clone(), training, 0.1, 1e-5, False))
+        counter = torch.zeros((), dtype=torch.int64)
+        torch.library.opcheck(OP, (x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5, False, counter))
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -382,6 +419,46 @@ def test_cuda_opcheck():
     x, w, b = (t.requires_grad_() for t in (x, w, b))
     for training in (True, False):
         torch.library.opcheck(OP, (x, w, b, rm.clone(), rv.clone(), training, 0.1, 1e-5, True))
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_cuda_streams_and_graph_capture():
+    """The reduction tickets are kept per stream and cleared by the kernels themselves: calls that
+    alternate between streams, and a CUDA graph captured and replayed, match eager calls bitwise."""
+    x, w, b, rm, rv = make_inputs(30_000, 96, torch.float16, "cuda")
+    grad = torch.randn_like(x)
+
+    def run(rm, rv):
+        xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
+        out = batch_norm_act(xg, wg, bg, rm, rv, True, relu=True)
+        out.backward(grad)
+        return out.detach(), xg.grad, wg.grad, bg.grad
+
+    expected = run(rm.clone(), rv.clone())
+    side = torch.cuda.Stream()
+    for stream in (side, torch.cuda.current_stream(), side):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            got = run(rm.clone(), rv.clone())
+        torch.cuda.current_stream().wait_stream(side)
+        for a, e in zip(got, expected, strict=True):
+            assert torch.equal(a, e)
+
+    static_x = x.clone()
+    rm_g, rv_g = rm.clone(), rv.clone()
+    graph = torch.cuda.CUDAGraph()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        batch_norm_act(static_x, w, b, rm_g.clone(), rv_g.clone(), True)  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        static_out = batch_norm_act(static_x, w, b, rm_g, rv_g, True, relu=True)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, expected[0])
+    assert torch.equal(batch_norm_act(x, w, b, rm.clone(), rv.clone(), True, relu=True), expected[0])
 
 
 @pytest.mark.cuda
