@@ -72,8 +72,13 @@ def batch_norm_act(
             x, weight, bias, running_mean, running_var, training, momentum, eps, relu, num_batches_tracked
         )[0]
     _check_params(x, weight, bias, running_mean, running_var, training=training)
-    if training and num_batches_tracked is not None:
-        num_batches_tracked.add_(1)
+    if num_batches_tracked is not None:
+        if num_batches_tracked.device != x.device:  # the op's device check, for the torch fallback
+            raise ValueError(
+                f"num_batches_tracked must be on {x.device} like x, got {num_batches_tracked.device}"
+            )
+        if training:
+            num_batches_tracked.add_(1)
     out = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     return F.relu(out) if relu else out
 

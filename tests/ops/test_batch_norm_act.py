@@ -268,6 +268,15 @@ def test_bad_num_batches_tracked(fn, counter):
         fn(x, w, b, rm, rv, True, counter)
 
 
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("fn", COUNTED, ids=["op", "wrapper"])
+def test_num_batches_tracked_on_another_device(fn):
+    x, w, b, rm, rv = make_inputs(6, 3, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="num_batches_tracked must be on cpu"):
+        fn(x, w, b, rm, rv, True, torch.zeros((), dtype=torch.int64, device="cuda"))
+
+
 def test_opcheck_cpu():
     x, w, b, rm, rv = make_inputs(12, 4, torch.float32, "cpu")
     x, w, b = (t.requires_grad_() for t in (x, w, b))
