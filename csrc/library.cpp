@@ -51,6 +51,9 @@
 //   strided_coords(coords, step, input_error) -> [M, 4] unique floor(p / step) * step sites in
 //            order of first occurrence; one host sync (the count, read together with the error
 //            words), raises ValueError on bad coordinates.
+//   hashed_strided_table(in_coords, kernel_size, step, out_step, check) -> (slots, out_coords,
+//            table): coord_hash, strided_coords (its one sync reads the new hash's error word when
+//            check) and kernel_map_table in one call; the table int32 while sizes allow.
 //
 // BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over
 // the N rows; weight, bias, running_mean, running_var [C] in one dtype: x's, or float32 for
@@ -87,6 +90,9 @@ TORCH_LIBRARY(relconv, m) {
   m.def("neighbor_table_order(Tensor table) -> Tensor");
   m.def("table_pairs(Tensor table) -> (Tensor, Tensor, Tensor)");
   m.def("strided_coords(Tensor coords, int[3] step, Tensor? input_error=None) -> Tensor");
+  m.def(
+      "hashed_strided_table(Tensor in_coords, int[3] kernel_size, int[3] step, int[3] out_step, "
+      "bool check) -> (Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "

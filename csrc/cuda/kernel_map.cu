@@ -69,12 +69,43 @@ at::Tensor check_slots(const at::Tensor& slots, const at::Tensor& coords) {
   return slots.contiguous();
 }
 
-// Hash table over `coords` rows plus an int32 [1] error word (kErr* bits, inverted: see
-// kernel_map_hash.cuh); no host synchronisation. Both live in one buffer set by one memset.
-std::tuple<at::Tensor, at::Tensor> coord_hash_cuda(const at::Tensor& coords) {
-  const at::Tensor c = row_major_coords(coords, "coords");
-  const c10::cuda::CUDAGuard guard(c.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+// bits: kErr* flags (the inverse of a device error word).
+void raise_coord_errors(int32_t bits) {
+  TORCH_CHECK_VALUE(!(bits & cuda::kErrNegativeBatch), "coords batch indices (column 0) must be non-negative");
+  TORCH_CHECK_VALUE(!(bits & cuda::kErrDuplicate),
+                    "coords contain duplicate (batch, x, y, z) rows; merge them first with "
+                    "VoxelTensor.coalesce() or voxelize()");
+  TORCH_CHECK_VALUE(!(bits & cuda::kErrOverflow),
+                    "coords: a strided output coordinate (rounded down to the stride) leaves the int32 range");
+}
+
+void check_error_word(const at::Tensor& error, const at::Tensor& coords) {
+  TORCH_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.device() == coords.device(),
+                    "input_error must be the int32 [1] error word of relconv::coord_hash on ", coords.device());
+}
+
+struct HostWords {
+  int32_t count, error;
+};
+
+// The first `count` (1 or 2) of a count and an inverted error word at `device`, after the work queued
+// on `stream`: one copy into a pinned buffer of this host thread and one stream sync. Tensor::to(kCPU) does the
+// same behind a CPU allocation and a TensorIterator copy, about 25 us more host time per read on the
+// H100 host. The buffer lives as long as the thread (8 bytes, never reused before the sync returns).
+HostWords read_words(const int32_t* device, int count, cudaStream_t stream) {
+  thread_local int32_t* pinned = [] {
+    void* p = nullptr;
+    C10_CUDA_CHECK(cudaMallocHost(&p, 2 * sizeof(int32_t)));
+    return static_cast<int32_t*>(p);
+  }();
+  C10_CUDA_CHECK(cudaMemcpyAsync(pinned, device, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return count == 2 ? HostWords{pinned[0], pinned[1]} : HostWords{0, pinned[0]};
+}
+
+// Hash table over the rows of checked coordinates `c` plus an int32 [1] error word (kErr* bits,
+// inverted: see kernel_map_hash.cuh); no host synchronisation. Both live in one buffer set by one memset.
+std::tuple<at::Tensor, at::Tensor> hash_rows(const at::Tensor& c, cudaStream_t stream) {
   const int64_t n = c.size(0);
   static_assert(cuda::kEmptySlot == -1, "empty slots are set bytewise to 0xFF");
   const int64_t capacity = hash_capacity(n);
@@ -88,6 +119,12 @@ std::tuple<at::Tensor, at::Tensor> coord_hash_cuda(const at::Tensor& coords) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {slots, error};
+}
+
+std::tuple<at::Tensor, at::Tensor> coord_hash_cuda(const at::Tensor& coords) {
+  const at::Tensor c = row_major_coords(coords, "coords");
+  const c10::cuda::CUDAGuard guard(c.device());
+  return hash_rows(c, c10::cuda::getCurrentCUDAStream());
 }
 
 cuda::KernelGeometry geometry(at::IntArrayRef kernel_size, at::IntArrayRef step) {
@@ -109,22 +146,14 @@ cuda::KernelGeometry geometry(at::IntArrayRef kernel_size, at::IntArrayRef step)
   return g;
 }
 
-// [M, K] table: input row (of `in_coords`, through its hash `slots`) at out_coords[m] + offset_k * step.
-at::Tensor kernel_map_table_cuda(const at::Tensor& in_coords, const at::Tensor& slots, const at::Tensor& out_coords,
-                                 at::IntArrayRef kernel_size, at::IntArrayRef step, at::ScalarType dtype) {
-  const at::Tensor ci = row_major_coords(in_coords, "in_coords");
-  const at::Tensor co = row_major_coords(out_coords, "out_coords");
-  TORCH_CHECK_VALUE(co.device() == ci.device(), "out_coords is on ", co.device(), " but in_coords on ",
-                    ci.device());
-  const at::Tensor s = check_slots(slots, ci);
-  TORCH_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "dtype must be int32 or int64, got ", dtype);
-  const cuda::KernelGeometry g = geometry(kernel_size, step);
-  const c10::cuda::CUDAGuard guard(ci.device());
+// The neighbour table's kernel (the arguments checked by kernel_map_table_cuda).
+at::Tensor table_kernel(const at::Tensor& ci, const at::Tensor& s, const at::Tensor& co, bool same_coords,
+                        const cuda::KernelGeometry& g, at::ScalarType dtype) {
   const int64_t m = co.size(0);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // A submanifold map (the same coordinates on both sides) of an odd kernel is symmetric: half the
   // queries fill the table (submanifold_table_kernel), over a -1 fill.
-  const bool symmetric = in_coords.is_same(out_coords) && (g.size[0] & g.size[1] & g.size[2] & 1);
+  const bool symmetric = same_coords && (g.size[0] & g.size[1] & g.size[2] & 1);
   if (symmetric && m > 0) {
     at::Tensor table = memset_tensor({m, g.volume}, ci.options().dtype(dtype), kAllOnes, stream);
     const unsigned blocks = blocks_for(m * (g.volume / 2 + 1));
@@ -150,6 +179,20 @@ at::Tensor kernel_map_table_cuda(const at::Tensor& in_coords, const at::Tensor& 
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return table;
+}
+
+// [M, K] table: input row (of `in_coords`, through its hash `slots`) at out_coords[m] + offset_k * step.
+at::Tensor kernel_map_table_cuda(const at::Tensor& in_coords, const at::Tensor& slots, const at::Tensor& out_coords,
+                                 at::IntArrayRef kernel_size, at::IntArrayRef step, at::ScalarType dtype) {
+  const at::Tensor ci = row_major_coords(in_coords, "in_coords");
+  const at::Tensor co = row_major_coords(out_coords, "out_coords");
+  TORCH_CHECK_VALUE(co.device() == ci.device(), "out_coords is on ", co.device(), " but in_coords on ",
+                    ci.device());
+  const at::Tensor s = check_slots(slots, ci);
+  TORCH_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "dtype must be int32 or int64, got ", dtype);
+  const cuda::KernelGeometry g = geometry(kernel_size, step);
+  const c10::cuda::CUDAGuard guard(ci.device());
+  return table_kernel(ci, s, co, in_coords.is_same(out_coords), g, dtype);
 }
 
 // [num_in, K] table of the transposed map from the [num_out, K] table of a voxel map.
@@ -260,75 +303,95 @@ at::Tensor neighbor_table_order_cuda(const at::Tensor& table) {
   return order;
 }
 
-void raise_coord_errors(int32_t bits) {
-  TORCH_CHECK_VALUE(!(bits & cuda::kErrNegativeBatch), "coords batch indices (column 0) must be non-negative");
-  TORCH_CHECK_VALUE(!(bits & cuda::kErrDuplicate),
-                    "coords contain duplicate (batch, x, y, z) rows; merge them first with "
-                    "VoxelTensor.coalesce() or voxelize()");
-  TORCH_CHECK_VALUE(!(bits & cuda::kErrOverflow),
-                    "coords: a strided output coordinate (rounded down to the stride) leaves the int32 range");
-}
-
-// Unique coarse sites floor(p / step) * step of `coords`, in order of first occurrence. The one host
-// read of this call fetches the site count together with the coarse overflow flag and, when given,
-// the error word of the input's own hash (`input_error`), so validating a new input costs nothing more.
-at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
-                               const std::optional<at::Tensor>& input_error) {
-  const at::Tensor c = row_major_coords(coords, "coords");
+void check_out_step(at::IntArrayRef step) {
   TORCH_CHECK_VALUE(step.size() == 3, "step must have 3 entries, got ", step.size());
   for (int a = 0; a < 3; ++a) {
     TORCH_CHECK_VALUE(step[a] >= 1 && step[a] <= std::numeric_limits<int32_t>::max(),
                       "step (stride * tensor stride) must lie in [1, 2^31), got ", step);
   }
-  const c10::cuda::CUDAGuard guard(c.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+}
+
+// Unique coarse sites floor(p / step) * step of the checked coordinates `c`, in order of first
+// occurrence. The one host read fetches the site count together with the error word: the coarse
+// overflow bit and, when given, the error word of the input's own hash (`input_error`), so validating
+// a new input costs nothing more; raises on bad coordinates. Every scratch array lives in one
+// allocation, and only the status words and the hash slots are set (one memset): on the H100 host an
+// allocation, a memset or a launch costs 4 to 10 us of host time, several times the GPU work of a
+// scan's coarsening.
+at::Tensor coarse_sites(const at::Tensor& c, at::IntArrayRef step, const int32_t* input_error, cudaStream_t stream) {
   const int64_t n = c.size(0);
-  // status = [site count, coarse error bits, inverted input error word], read back in one copy.
-  at::Tensor status = memset_tensor({3}, c.options(), 0, stream);
-  if (input_error.has_value()) {
-    TORCH_CHECK_VALUE(input_error->numel() == 1 && input_error->scalar_type() == at::kInt &&
-                          input_error->device() == c.device(),
-                      "input_error must be the int32 [1] error word of relconv::coord_hash on ", c.device());
-    status.slice(0, 2, 3).copy_(input_error->reshape({1}));
-  }
-  at::Tensor coarse = at::empty_like(c);
-  at::Tensor slots = memset_tensor({hash_capacity(n)}, c.options(), kAllOnes, stream);
-  at::Tensor representative = at::empty({n}, c.options());
-  at::Tensor rows = at::empty({n}, c.options());
-  int32_t* st = status.mutable_data_ptr<int32_t>();
+  // int32 layout: status [count, inverted error word, 2 pad] | slots | coarse [n, 4] | representative
+  // [n] | selected rows [n] | CUB's scratch (256-byte aligned). Offsets keep the rows 16-byte aligned.
+  const int64_t capacity = hash_capacity(n);
+  const int64_t at_slots = 4, at_coarse = at_slots + capacity, at_rep = at_coarse + 4 * n, at_rows = at_rep + n;
+  const int64_t at_temp = (at_rows + n + 63) / 64 * 64;
+  size_t temp_bytes = 0;
+  const auto select = [&](void* temp, const int32_t* in, int32_t* selected, int32_t* count) {
+    C10_CUDA_CHECK(cub::DeviceSelect::If(temp, temp_bytes, in, selected, count, static_cast<int>(n),
+                                         cuda::IsNonNegative{}, stream));
+  };
+  if (n > 0) select(nullptr, nullptr, nullptr, nullptr);
+  const at::Tensor scratch = at::empty({at_temp + static_cast<int64_t>((temp_bytes + 3) / 4)}, c.options());
+  int32_t* base = scratch.mutable_data_ptr<int32_t>();
+  C10_CUDA_CHECK(cudaMemsetAsync(base, kAllOnes, at_coarse * sizeof(int32_t), stream));
   if (n > 0) {
     const unsigned blocks = blocks_for(n);
     cuda::coarse_coords_kernel<<<blocks, cuda::kMapThreads, 0, stream>>>(
-        c.const_data_ptr<int32_t>(), n, step[0], step[1], step[2], coarse.mutable_data_ptr<int32_t>(), st + 1);
+        c.const_data_ptr<int32_t>(), n, step[0], step[1], step[2], base + at_coarse, base + 1, input_error);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    cuda::hash_insert_min_rows<<<blocks, cuda::kMapThreads, 0, stream>>>(
-        coarse.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(),
-        cuda::SlotLayout::of_capacity(slots.numel()));
+    const cuda::SlotLayout layout = cuda::SlotLayout::of_capacity(capacity);
+    cuda::hash_insert_min_rows<<<blocks, cuda::kMapThreads, 0, stream>>>(base + at_coarse, n, base + at_slots,
+                                                                         layout);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     cuda::site_representatives_kernel<<<blocks, cuda::kMapThreads, 0, stream>>>(
-        view(coarse, slots), n, representative.mutable_data_ptr<int32_t>());
+        cuda::HashView{base + at_coarse, base + at_slots, layout, n}, n, base + at_rep);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     // Stable select: kept rows stay in increasing order, i.e. sites in order of first occurrence.
-    size_t temp_bytes = 0;
-    C10_CUDA_CHECK(cub::DeviceSelect::If(nullptr, temp_bytes, representative.const_data_ptr<int32_t>(),
-                                         rows.mutable_data_ptr<int32_t>(), st, static_cast<int>(n),
-                                         cuda::IsNonNegative{}, stream));
-    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, c.options().dtype(at::kByte));
-    C10_CUDA_CHECK(cub::DeviceSelect::If(temp.mutable_data_ptr(), temp_bytes,
-                                         representative.const_data_ptr<int32_t>(), rows.mutable_data_ptr<int32_t>(),
-                                         st, static_cast<int>(n), cuda::IsNonNegative{}, stream));
+    select(base + at_temp, base + at_rep, base + at_rows, base);
   }
-  const at::Tensor host = status.to(at::kCPU);
-  const int32_t* h = host.const_data_ptr<int32_t>();
-  raise_coord_errors(h[1] | (input_error.has_value() ? ~h[2] : 0));
-  const int64_t m = h[0];
+  const HostWords h = read_words(base, 2, stream);
+  raise_coord_errors(~h.error);
+  const int64_t m = n > 0 ? h.count : 0;
   at::Tensor out = at::empty({m, 4}, c.options());
   if (m > 0) {
-    cuda::gather_rows_kernel<<<blocks_for(m), cuda::kMapThreads, 0, stream>>>(
-        coarse.const_data_ptr<int32_t>(), rows.const_data_ptr<int32_t>(), m, out.mutable_data_ptr<int32_t>());
+    cuda::gather_rows_kernel<<<blocks_for(m), cuda::kMapThreads, 0, stream>>>(base + at_coarse, base + at_rows, m,
+                                                                              out.mutable_data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return out;
+}
+
+at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
+                               const std::optional<at::Tensor>& input_error) {
+  const at::Tensor c = row_major_coords(coords, "coords");
+  check_out_step(step);
+  if (input_error.has_value()) check_error_word(*input_error, c);
+  const c10::cuda::CUDAGuard guard(c.device());
+  return coarse_sites(c, step, input_error.has_value() ? input_error->const_data_ptr<int32_t>() : nullptr,
+                      c10::cuda::getCurrentCUDAStream());
+}
+
+// A strided map onto new coarse sites from a coordinate set with no hash yet, in one call instead of
+// three (coord_hash, strided_coords, kernel_map_table): an op call costs host time of its own, and a
+// fresh down 2^3 C64 fp16 layer on an H100 queued in 104 instead of 119 us per map (kitti-real,
+// .dev A/B in one process). Hashes `in_coords`, coarsens them to `out_step` (as strided_coords; with
+// `check` its one sync also reads the new hash's error word; without, the caller vouches for the rows)
+// and builds the sites' table, in int32 while the sizes allow (relconv.core.index_dtype_for's rule),
+// else int64. Returns (slots, out_coords, table).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> hashed_strided_table_cuda(
+    const at::Tensor& in_coords, at::IntArrayRef kernel_size, at::IntArrayRef step, at::IntArrayRef out_step,
+    bool check) {
+  const at::Tensor ci = row_major_coords(in_coords, "in_coords");
+  const cuda::KernelGeometry g = geometry(kernel_size, step);
+  check_out_step(out_step);
+  const c10::cuda::CUDAGuard guard(ci.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto [slots, error] = hash_rows(ci, stream);
+  at::Tensor co = coarse_sites(ci, out_step, check ? error.const_data_ptr<int32_t>() : nullptr, stream);
+  const int64_t n = ci.size(0), m = co.size(0);
+  const bool narrow = std::max({n, m, m * g.volume}) <= std::numeric_limits<int32_t>::max();
+  at::Tensor table = table_kernel(ci, slots, co, /*same_coords=*/false, g, narrow ? at::kInt : at::kLong);
+  return {slots, co, table};
 }
 
 }  // namespace
@@ -340,6 +403,7 @@ TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
   m.impl("neighbor_table_order", &neighbor_table_order_cuda);
   m.impl("table_pairs", &table_pairs_cuda);
   m.impl("strided_coords", &strided_coords_cuda);
+  m.impl("hashed_strided_table", &hashed_strided_table_cuda);
 }
 
 }  // namespace relconv

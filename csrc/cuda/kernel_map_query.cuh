@@ -202,13 +202,18 @@ __device__ __forceinline__ int64_t floor_to_step(int32_t v, int64_t step) {
 
 // coarse[i] = (b, floor(p / step) * step per axis): the output site that input row i falls into.
 // Rounding down can leave int32 for coordinates near its minimum; those raise kErrOverflow.
+// `error` is the (inverted) status word of strided_coords: it starts all ones and a bit is cleared per
+// problem, as in hash_insert_rows' word, whose value (`input_error`, the input's own hash, when the
+// input is still unchecked) the first thread folds in, so that one read on the host sees both.
 __global__ void coarse_coords_kernel(const int32_t* __restrict__ coords, int64_t n, int64_t sx, int64_t sy,
-                                     int64_t sz, int32_t* __restrict__ coarse, int32_t* __restrict__ error) {
+                                     int64_t sz, int32_t* __restrict__ coarse, int32_t* __restrict__ error,
+                                     const int32_t* __restrict__ input_error) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i == 0 && input_error != nullptr) atomicAnd(error, *input_error);
   if (i >= n) return;
   const Coord p = load_coord(coords, i);
   const int64_t x = floor_to_step(p.x, sx), y = floor_to_step(p.y, sy), z = floor_to_step(p.z, sz);
-  if (!fits_int32(x) || !fits_int32(y) || !fits_int32(z)) atomicOr(error, kErrOverflow);
+  if (!fits_int32(x) || !fits_int32(y) || !fits_int32(z)) atomicAnd(error, ~kErrOverflow);
   reinterpret_cast<int4*>(coarse)[i] =
       make_int4(p.b, static_cast<int32_t>(x), static_cast<int32_t>(y), static_cast<int32_t>(z));
 }

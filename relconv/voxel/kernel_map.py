@@ -1,7 +1,8 @@
 """Kernel maps from coordinates: a CUDA hash-table engine, and a torch reference for every device.
 
 CUDA coordinates go to the `relconv::coord_hash` / `kernel_map_table` / `strided_coords` ops
-(csrc/cuda/kernel_map*.cuh): a hash table over the coordinate rows (kept per coordinate set in a
+(csrc/cuda/kernel_map*.cuh; a strided map from a set with no hash yet runs all three as one op call,
+`hashed_strided_table`): a hash table over the coordinate rows (kept per coordinate set in a
 `CoordIndex`) answers every kernel-offset query of every output straight into the output-stationary
 neighbour table `[num_out, K]`, and the map is built from that table with its pair lists left to
 materialise on first use. No coordinate bounds, no packing, no copies from the host; host syncs:
@@ -30,6 +31,12 @@ from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
 from relconv.core import RelationalMap, index_dtype_for
 from relconv.voxel.keys import KeyPacking, bounds, make_packing
 from relconv.voxel.utils import Triple
+
+# The overloads themselves: calling through the op packet resolves the overload on every call.
+_COORD_HASH = torch.ops.relconv.coord_hash.default
+_KERNEL_MAP_TABLE = torch.ops.relconv.kernel_map_table.default
+_STRIDED_COORDS = torch.ops.relconv.strided_coords.default
+_HASHED_STRIDED_TABLE = torch.ops.relconv.hashed_strided_table.default
 
 
 class CoordIndex:
@@ -62,7 +69,7 @@ class CoordIndex:
     def slots(self) -> Tensor:
         """The hash table (int32 row per slot, -1 empty); no host synchronisation."""
         if self._slots is None:
-            self._slots, error = torch.ops.relconv.coord_hash(self.coords)
+            self._slots, error = _COORD_HASH(self.coords)
             if not self.validated:
                 self._error = error
         return self._slots
@@ -75,8 +82,21 @@ class CoordIndex:
             self.slots()
         return self._error
 
+    @property
+    def hashed(self) -> bool:
+        """Whether the hash table is built (and not given back, see `map_built`)."""
+        return self._slots is not None
+
+    def adopt_checked(self, slots: Tensor) -> None:
+        """Keeps the hash table of these coordinates that an op built and checked
+        (`hashed_strided_table`)."""
+        self._slots = slots
+        self.validated = True
+        self._error = None
+
     def ensure_valid(self) -> None:
-        """Raises ValueError for duplicate rows or negative batch indices (one sync, first call only)."""
+        """Raises ValueError for duplicate rows or negative batch indices (one sync, first call only).
+        A downsampling step checks its input inside its op instead (`strided_coords`, ...)."""
         error = self.pending_error()
         if error is None:
             return
@@ -107,16 +127,29 @@ def _index_for(coords: Tensor, index: CoordIndex | None) -> CoordIndex:
 
 
 def _table_map(
-    in_coords: Tensor, index: CoordIndex, out_coords: Tensor, kernel_size: Triple, step: Triple
+    in_coords: Tensor,
+    index: CoordIndex,
+    out_coords: Tensor,
+    kernel_size: Triple,
+    step: Triple,
+    validate: bool,
 ) -> RelationalMap:
-    """Map given by the CUDA neighbour table of `out_coords` against the hashed `in_coords`."""
+    """Map given by the CUDA neighbour table of `out_coords` against the hashed `in_coords`; with
+    `validate`, unchecked input coordinates are checked once the table kernel is queued (one sync,
+    which then waits for the whole build)."""
     num_in, num_out = in_coords.shape[0], out_coords.shape[0]
     volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
     dtype = index_dtype_for(num_in, num_out, num_out * volume)
-    table = torch.ops.relconv.kernel_map_table(in_coords, index.slots(), out_coords, kernel_size, step, dtype)
+    table = _KERNEL_MAP_TABLE(in_coords, index.slots(), out_coords, kernel_size, step, dtype)
+    if validate:
+        index.ensure_valid()
+    return _from_table(table, index)
+
+
+def _from_table(table: Tensor, index: CoordIndex) -> RelationalMap:
     index.map_built()
     # A kernel offset maps an input to at most one output and back (q = p - offset): injective.
-    return RelationalMap.from_neighbor_table(table, num_in, validate=False, injective=True)
+    return RelationalMap.from_neighbor_table(table, index.coords.shape[0], validate=False, injective=True)
 
 
 def axis_offsets(k: int) -> range:
@@ -197,11 +230,7 @@ def submanifold_map(
     step = tuple(d * t for d, t in zip(dilation, tensor_stride, strict=True))
     if coords.is_cuda:
         index = _index_for(coords, index)
-        rmap = _table_map(coords, index, coords, kernel_size, step)
-        if validate:
-            # After queueing the table kernel: the one sync then waits for the whole build.
-            index.ensure_valid()
-        return rmap
+        return _table_map(coords, index, coords, kernel_size, step, validate)
     lo, hi = bounds(coords)
     packing = make_packing(lo, hi, _reach(kernel_size, step))
     keys, perm = _sorted_keys(packing, coords)
@@ -251,11 +280,14 @@ def strided_map(
         index = _index_for(coords, index)
         if out_coords is None:
             # The one host sync of a downsampling step; it also reads the input's error word.
-            out_coords = torch.ops.relconv.strided_coords(coords, out_step, index.pending_error())
+            if not index.hashed:  # hash, coarse sites, check and table in one op call
+                check = not index.validated
+                slots, out_coords, table = _HASHED_STRIDED_TABLE(coords, kernel_size, step, out_step, check)
+                index.adopt_checked(slots)
+                return _from_table(table, index), out_coords
+            out_coords = _STRIDED_COORDS(coords, out_step, index.pending_error())
             index.validated = True
-        else:
-            index.ensure_valid()
-        return _table_map(coords, index, out_coords, kernel_size, step), out_coords
+        return _table_map(coords, index, out_coords, kernel_size, step, validate=True), out_coords
     reach = _reach(kernel_size, step)
     lo, hi = bounds(coords)
     packing = make_packing(lo, hi, tuple(r + s for r, s in zip(reach, out_step, strict=True)))

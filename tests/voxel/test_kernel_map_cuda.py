@@ -132,6 +132,31 @@ def test_bad_coordinates_raise_and_cuda_survives(bad, builder):
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("bad", ["duplicate", "negative_batch"])
+def test_strided_map_onto_known_sites_checks_its_input(bad):
+    """With its coarse sites given (cached on the tensor), a strided map of unchecked coordinates is
+    checked by its table op, which raises on bad rows as the coarsening op does."""
+    coords = scene(n=300, seed=12)
+    sites = km.strided_output_coords(coords, (2, 2, 2), (1, 1, 1)).cuda()  # of the valid rows
+    if bad == "duplicate":
+        coords, match = torch.cat([coords, coords[:1]]), "duplicate"
+    else:
+        coords[7, 0], match = -1, "non-negative"
+    with pytest.raises(ValueError, match=match):
+        km.strided_map(coords.cuda(), (2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 1, 1), out_coords=sites)
+    torch.cuda.synchronize()
+
+
+def test_strided_sites_leaving_int32_raise():
+    """floor(-2^31 / 3) * 3 is below the int32 range: a clear error, and CUDA keeps working."""
+    coords = torch.tensor([[0, -(2**31), 0, 0], [0, 5, 0, 0]], dtype=torch.int32).cuda()
+    with pytest.raises(ValueError, match="int32 range"):
+        km.strided_map(coords, (3, 3, 3), (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    good = scene(n=300, seed=13).cuda()
+    down, out = km.strided_map(good, (2, 2, 2), (2, 2, 2), (1, 1, 1), (1, 1, 1))
+    assert down.num_pairs == good.shape[0] and out.shape[0] <= good.shape[0]
+
+
 def test_validated_subm_map_and_table_forward_do_not_sync():
     coords = scene(n=4000, seed=3).cuda()
     x = VoxelTensor(torch.randn(coords.shape[0], 16, device="cuda", dtype=torch.float16), coords)
