@@ -236,10 +236,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> table_pairs_cuda(const at::Tensor
   const c10::cuda::CUDAGuard guard(table.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor t = table.contiguous();
-  at::Tensor in_index = memset_tensor({capacity}, t.options(), kAllOnes, stream);
-  at::Tensor out_index = memset_tensor({capacity}, t.options(), kAllOnes, stream);
-  at::Tensor rel_ptr = memset_tensor({r + 1}, t.options().dtype(at::kLong), 0, stream);
-  if (capacity == 0) return {in_index, out_index, rel_ptr};
+  // table_pairs_kernel writes every entry of all three (no memsets: three per map of a training step).
+  at::Tensor in_index = at::empty({capacity}, t.options());
+  at::Tensor out_index = at::empty({capacity}, t.options());
+  if (capacity == 0) {
+    return {in_index, out_index, memset_tensor({r + 1}, t.options().dtype(at::kLong), 0, stream)};
+  }
+  at::Tensor rel_ptr = at::empty({r + 1}, t.options().dtype(at::kLong));
   at::Tensor positions = at::empty({capacity}, t.options());
   AT_DISPATCH_INDEX_TYPES(t.scalar_type(), "table_pairs", [&] {
     const unsigned blocks = blocks_for(capacity);

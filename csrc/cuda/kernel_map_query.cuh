@@ -101,17 +101,24 @@ __global__ void table_hit_flags_kernel(const Idx* __restrict__ table, int64_t nu
   flags[e] = table[o * num_relations + r] >= 0 ? 1 : 0;
 }
 
-// Scatters each hit to its slot (positions = inclusive scan of the flags) and writes rel_ptr from
-// the scan's value at the end of each relation.
+// Scatters each hit to its slot (positions = inclusive scan of the flags), writes rel_ptr from the
+// scan's value at the end of each relation, and -1 into the padding: slot e >= the pair count holds
+// no pair, so thread e owns it (the hits go to slots below the count). Every entry is written, so
+// the lists need no fill of their own.
 template <typename Idx>
 __global__ void table_pairs_kernel(const Idx* __restrict__ table, const Idx* __restrict__ positions,
                                    int64_t num_out, int64_t num_relations, Idx* __restrict__ in_index,
                                    Idx* __restrict__ out_index, int64_t* __restrict__ rel_ptr) {
+  const int64_t capacity = num_out * num_relations;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= num_out * num_relations) return;
+  if (e >= capacity) return;
   const int64_t r = e / num_out, o = e - r * num_out;
   if (e == 0) rel_ptr[0] = 0;
   if (o == num_out - 1) rel_ptr[r + 1] = positions[e];
+  if (e >= static_cast<int64_t>(positions[capacity - 1])) {
+    in_index[e] = -1;
+    out_index[e] = -1;
+  }
   const Idx row = table[o * num_relations + r];
   if (row < 0) return;
   const int64_t slot = static_cast<int64_t>(positions[e]) - 1;

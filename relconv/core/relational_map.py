@@ -393,13 +393,15 @@ class RelationalMap:
         table[rows.long(), self.relation_of_pairs()] = values
         return table
 
-    def _order_from_second_use(self, order_key: str, used_key: str, table, at_once: bool) -> Tensor | None:
-        """The cached sort (`_sorted_rows`) of `table()` from the second call on (or from the first
-        with `at_once`), None before."""
+    def _order_once_worth(self, order_key: str, work_key: str, table, work: float, threshold: float):
+        """The cached sort (`_sorted_rows`) of `table()` once the work of the forwards that asked for
+        it, this one included, reaches `threshold`; None before."""
         order = self._cache.get(order_key)
-        if order is None and (at_once or self._cache.get(used_key)):
-            order = self._sorted_rows(order_key, table)
-        self._cache[used_key] = True
+        if order is None:
+            done = self._cache.get(work_key, 0.0) + work
+            self._cache[work_key] = done
+            if done >= threshold:
+                order = self._sorted_rows(order_key, table)
         return order
 
     def _sorted_rows(self, order_key: str, table) -> Tensor:
@@ -412,14 +414,15 @@ class RelationalMap:
             self._cache[order_key] = order
         return order
 
-    def reused_table_order(self, at_once: bool = False) -> Tensor | None:
-        """`table_order()` from the map's second table forward on, None on its first (unless
-        `at_once`). Sorting costs more than it saves in one small layer (a fresh subm 3^3 C64 fp16
-        layer on an H100: 0.44 ms with the sort on first use, 0.28 ms before it), while a map used
-        by several layers, or a cached map, gains on every use after the first (the cached layer's
-        kernel: 101 -> 79 us). A layer with enough work gains on its first use too: the caller
-        says so with `at_once` (see relconv.ops.relational_conv.sort_pays_at_once)."""
-        return self._order_from_second_use("table_order", "table_forwarded", self.neighbor_table, at_once)
+    def reused_table_order(self, work: float = 1.0, threshold: float = 2.0) -> Tensor | None:
+        """`table_order()` once the table forwards over this map have done `threshold` work in all
+        (`work` per call, this one included), None before; with the defaults, from the second call
+        on. The sort costs host time (about 15 CUDA API calls) and ~55 us of GPU time, and saves
+        kernel time in proportion to the work it orders (a cached subm 3^3 C64 layer's kernel:
+        101 -> 79 us): a map that a few small layers use once, as in a network over a new scan,
+        runs unsorted, while a cached map or a large layer is sorted (relconv.ops.relational_conv
+        passes multiply-adds, `table_work`, against `SORT_WORK`)."""
+        return self._order_once_worth("table_order", "table_work", self.neighbor_table, work, threshold)
 
     def table_order(self) -> Tensor:
         """The outputs sorted by the relations they use (`[num_out]`, the table's index dtype):
@@ -456,13 +459,13 @@ class RelationalMap:
             self._cache["transposed_neighbor_table"] = table
         return table
 
-    def transposed_table_order(self, at_once: bool = False) -> Tensor | None:
+    def transposed_table_order(self, work: float = 1.0, threshold: float = 2.0) -> Tensor | None:
         """Schedule order `[num_in]` of `transposed_neighbor_table()` (`neighbor_table_order` of it),
-        from the map's second input-gradient use on (or its first, with `at_once`), None before;
+        once the input gradients over it have done `threshold` work (`work` per call), None before;
         cached. The same trade as `reused_table_order`. CUDA maps only (the op that builds it is a
         CUDA kernel)."""
-        return self._order_from_second_use(
-            "transposed_table_order", "transposed_table_used", self.transposed_neighbor_table, at_once
+        return self._order_once_worth(
+            "transposed_table_order", "transposed_table_work", self.transposed_neighbor_table, work, threshold
         )
 
     # ------------------------------------------------------------------ validation

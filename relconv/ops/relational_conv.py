@@ -124,7 +124,7 @@ def relational_conv(
     table_grad = table is not None and x_grad and rmap.injective
     if table_grad and _output_stationary(rmap, x, dataflow, c_in // groups, unique_slots=True):
         transposed = rmap.transposed_neighbor_table()
-        transposed_order = rmap.transposed_table_order(sort_pays_at_once(rmap.num_in, weight))
+        transposed_order = rmap.transposed_table_order(table_work(rmap.num_in, weight), SORT_WORK)
     # The table forward reads no pairs: a map built as a table passes none unless autograd will read
     # them (the weight gradient always, the input gradient when it has no transposed table; the
     # bias gradient needs none). Pairs that are passed come padded from the device (kernel_pairs):
@@ -134,7 +134,7 @@ def relational_conv(
         in_index, out_index, rel_ptr = rmap.absent_pairs()
     else:
         in_index, out_index, rel_ptr = rmap.kernel_pairs()
-    order = None if table is None else rmap.reused_table_order(sort_pays_at_once(rmap.num_out, weight))
+    order = None if table is None else rmap.reused_table_order(table_work(rmap.num_out, weight), SORT_WORK)
     return _conv(
         x,
         weight,
@@ -152,20 +152,21 @@ def relational_conv(
     )
 
 
-# Multiply-adds per relation slot (rows * C_in * C_out) from which a table's first forward sorts it
-# (neighbor_table_order) instead of waiting for its second. The sort costs ~55 us plus ~0.1 us per
-# thousand rows; it saves kernel time in proportion to the layer's work. Measured on an H100, subm
-# 3^3 fp16 (kernel us, natural -> sorted order, sort us): 75k rows C128 176 -> 119 (58), 130k C64
-# 125 -> 94 (63), 171k C64 155 -> 115 (66) and C128 399 -> 218, 3.5M C64 3422 -> 2187 (386): the sort
-# pays from about 350k rows at C64 and 90k at C128, i.e. this much work.
-SORT_AT_ONCE_WORK = 1.5e9
+# Multiply-adds per relation slot (rows * C_in * C_out), summed over the table forwards of a map,
+# from which the map's table is sorted (neighbor_table_order; RelationalMap.reused_table_order). The
+# sort costs ~55 us plus ~0.1 us per thousand rows of GPU time and ~15 CUDA API calls of host time;
+# it saves kernel time in proportion to the work. Measured on an H100, subm 3^3 fp16 (kernel us,
+# natural -> sorted order, sort us): 75k rows C128 176 -> 119 (58), 130k C64 125 -> 94 (63), 171k C64
+# 155 -> 115 (66) and C128 399 -> 218, 3.5M C64 3422 -> 2187 (386): one layer's sort pays from about
+# 350k rows at C64 and 90k at C128, i.e. this much work; a map's uses add up to it.
+SORT_WORK = 1.5e9
 
 
-def sort_pays_at_once(rows: int, weight: Tensor) -> bool:
-    """Whether a table of `rows` rows feeding `weight` ([R, C_in, C_out] or [R, G, C_in_g, C_out_g])
-    is worth sorting on its first use."""
+def table_work(rows: int, weight: Tensor) -> float:
+    """Multiply-adds of a table forward of `rows` rows through `weight` ([R, C_in, C_out] or
+    [R, G, C_in_g, C_out_g]), per relation slot."""
     # A relation's weight holds the multiply-adds per row in either layout (G * C_in_g * C_out_g).
-    return rows * math.prod(weight.shape[1:]) >= SORT_AT_ONCE_WORK
+    return float(rows * math.prod(weight.shape[1:]))
 
 
 def _bias_for(bias: Tensor | None, x: Tensor, c_out: int) -> Tensor | None:

@@ -304,7 +304,7 @@ def test_cuda_cached_conv_bias_relu_is_one_kernel(dtype):
     x = VoxelTensor(_tensor((coords.shape[0], 32), dtype, "cuda"), coords)
     conv = Conv3d(32, 32, 3, bias=True, activation="relu").to("cuda", dtype).eval()
     with torch.no_grad():
-        for _ in range(3):  # builds the map, then its table order (sorted from the second forward)
+        for _ in range(3):  # builds the map (a layer this small never sorts it: SORT_WORK)
             ref = conv(x).feats
         kernels = _cuda_kernels(lambda: conv(x))
         rmap = submanifold_map(coords, (3, 3, 3), (1, 1, 1), (1, 1, 1))

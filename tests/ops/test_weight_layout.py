@@ -202,12 +202,11 @@ def test_compile_fullgraph_3d_weight_matches_eager(device):
     assert all(rel_error(a, b) < 1e-6 for a, b in zip(gc, ge, strict=True))
 
 
-def test_sort_threshold_reads_either_layout(monkeypatch):
-    """sort_pays_at_once counts a relation's multiply-adds per row, G * C_in/G * C_out/G, in both."""
+def test_table_work_reads_either_layout():
+    """table_work counts a relation's multiply-adds per row, G * C_in/G * C_out/G, in both layouts."""
     rc = importlib.import_module("relconv.ops.relational_conv")  # relconv.ops re-exports a function
-    monkeypatch.setattr(rc, "SORT_AT_ONCE_WORK", 100 * 8 * 6)
     w3 = torch.empty(27, 8, 6, device="meta")
     for w in (w3, w3.unsqueeze(1)):
-        assert rc.sort_pays_at_once(100, w) and not rc.sort_pays_at_once(99, w)
+        assert rc.table_work(100, w) == 100 * 8 * 6
     grouped = torch.empty(27, 2, 4, 3, device="meta")  # C_in 8, C_out 6 in 2 groups: half the work
-    assert rc.sort_pays_at_once(200, grouped) and not rc.sort_pays_at_once(199, grouped)
+    assert rc.table_work(200, grouped) == 100 * 8 * 6

@@ -150,12 +150,14 @@ def test_tall_tiles_of_large_tables_match_the_reference(dtype, channels):
     assert err < {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
 
 
-def test_public_op_uses_the_order_and_matches_fetch_on_demand():
+def test_public_op_uses_the_order_and_matches_fetch_on_demand(monkeypatch):
+    rc = importlib.import_module("relconv.ops.relational_conv")
     rmap = _map(n=5000, seed=9)
     x = torch.randn(rmap.num_in, 64, device="cuda", dtype=torch.float16)
     w = torch.randn(27, 64, 64, device="cuda", dtype=torch.float16) / 40
+    monkeypatch.setattr(rc, "SORT_WORK", 2 * rc.table_work(rmap.num_out, w))  # sorted by the second call
     first = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
-    assert "table_order" not in rmap._cache  # a map used once is not sorted
+    assert "table_order" not in rmap._cache
     table_out = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert "table_order" in rmap._cache
     assert torch.equal(first, table_out)
@@ -163,9 +165,10 @@ def test_public_op_uses_the_order_and_matches_fetch_on_demand():
     torch.testing.assert_close(table_out.float(), pairs_out.float(), rtol=2e-3, atol=2e-3)
 
 
-def test_a_layer_with_enough_work_sorts_on_its_first_use(monkeypatch):
-    """sort_pays_at_once: a table feeding a large enough layer is sorted by its first forward, and the
-    transposed table by the first input gradient; the result is the same as unsorted."""
+def test_a_map_is_sorted_once_its_layers_work_adds_up(monkeypatch):
+    """table_work against SORT_WORK: a table feeding enough work is sorted by its first forward (and
+    the transposed table by the first input gradient); a smaller one once its forwards add up to it;
+    the result is the same as unsorted."""
     # The module: relconv.ops re-exports a function of the same name.
     rc = importlib.import_module("relconv.ops.relational_conv")
     rmap, small = _map(n=5000, seed=9), _map(n=5000, seed=9)
@@ -173,12 +176,18 @@ def test_a_layer_with_enough_work_sorts_on_its_first_use(monkeypatch):
     w = torch.randn(27, 64, 64, device="cuda", dtype=torch.float16) / 40
     unsorted = relational_conv(x, w, small, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert "table_order" not in small._cache and "transposed_table_order" not in small._cache
-    monkeypatch.setattr(rc, "SORT_AT_ONCE_WORK", rmap.num_out * 64 * 64)
-    assert rc.sort_pays_at_once(rmap.num_out, w.view(27, 1, 64, 64))
-    assert not rc.sort_pays_at_once(rmap.num_out - 1, w.view(27, 1, 64, 64))
+    work = rc.table_work(rmap.num_out, w)
+    monkeypatch.setattr(rc, "SORT_WORK", work)
     out = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert "table_order" in rmap._cache and "transposed_table_order" in rmap._cache
     assert torch.equal(out, unsorted)
+    monkeypatch.setattr(rc, "SORT_WORK", 2.5 * work)
+    again = _map(n=5000, seed=9)
+    for _ in range(2):
+        relational_conv(x.detach(), w, again, dataflow=Dataflow.OUTPUT_STATIONARY)
+    assert "table_order" not in again._cache
+    assert torch.equal(relational_conv(x.detach(), w, again, dataflow=Dataflow.OUTPUT_STATIONARY), unsorted)
+    assert "table_order" in again._cache
 
 
 def test_order_out_of_range_entries_are_skipped_not_written():
