@@ -88,19 +88,19 @@ struct HostWords {
   int32_t count, error;
 };
 
-// The first `count` (1 or 2) of a count and an inverted error word at `device`, after the work queued
-// on `stream`: one copy into a pinned buffer of this host thread and one stream sync. Tensor::to(kCPU) does the
-// same behind a CPU allocation and a TensorIterator copy, about 25 us more host time per read on the
-// H100 host. The buffer lives as long as the thread (8 bytes, never reused before the sync returns).
-HostWords read_words(const int32_t* device, int count, cudaStream_t stream) {
+// A count and an inverted error word at `device`, after the work queued on `stream`: one copy into a
+// pinned buffer of this host thread and one stream sync. Tensor::to(kCPU) does the same behind a CPU
+// allocation and a TensorIterator copy, about 25 us more host time per read on the H100 host. The
+// buffer lives as long as the thread (8 bytes, free again once the sync returns).
+HostWords read_words(const int32_t* device, cudaStream_t stream) {
   thread_local int32_t* pinned = [] {
     void* p = nullptr;
     C10_CUDA_CHECK(cudaMallocHost(&p, 2 * sizeof(int32_t)));
     return static_cast<int32_t*>(p);
   }();
-  C10_CUDA_CHECK(cudaMemcpyAsync(pinned, device, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  C10_CUDA_CHECK(cudaMemcpyAsync(pinned, device, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return count == 2 ? HostWords{pinned[0], pinned[1]} : HostWords{0, pinned[0]};
+  return HostWords{pinned[0], pinned[1]};
 }
 
 // Hash table over the rows of checked coordinates `c` plus an int32 [1] error word (kErr* bits,
@@ -352,7 +352,7 @@ at::Tensor coarse_sites(const at::Tensor& c, at::IntArrayRef step, const int32_t
     // Stable select: kept rows stay in increasing order, i.e. sites in order of first occurrence.
     select(base + at_temp, base + at_rep, base + at_rows, base);
   }
-  const HostWords h = read_words(base, 2, stream);
+  const HostWords h = read_words(base, stream);
   raise_coord_errors(~h.error);
   const int64_t m = n > 0 ? h.count : 0;
   at::Tensor out = at::empty({m, 4}, c.options());
