@@ -103,8 +103,9 @@ HostWords read_words(const int32_t* device, cudaStream_t stream) {
   return HostWords{pinned[0], pinned[1]};
 }
 
-// Hash table over the rows of checked coordinates `c` plus an int32 [1] error word (kErr* bits,
-// inverted: see kernel_map_hash.cuh); no host synchronisation. Both live in one buffer set by one memset.
+// Hash table over the rows of `c` (as row_major_coords returns them) plus an int32 [1] error word
+// (kErr* bits, inverted: see kernel_map_hash.cuh); no host synchronisation. Both live in one buffer
+// set by one memset.
 std::tuple<at::Tensor, at::Tensor> hash_rows(const at::Tensor& c, cudaStream_t stream) {
   const int64_t n = c.size(0);
   static_assert(cuda::kEmptySlot == -1, "empty slots are set bytewise to 0xFF");
@@ -314,13 +315,13 @@ void check_out_step(at::IntArrayRef step) {
   }
 }
 
-// Unique coarse sites floor(p / step) * step of the checked coordinates `c`, in order of first
-// occurrence. The one host read fetches the site count together with the error word: the coarse
-// overflow bit and, when given, the error word of the input's own hash (`input_error`), so validating
-// a new input costs nothing more; raises on bad coordinates. Every scratch array lives in one
-// allocation, and only the status words and the hash slots are set (one memset): on the H100 host an
-// allocation, a memset or a launch costs 4 to 10 us of host time, several times the GPU work of a
-// scan's coarsening.
+// Unique coarse sites floor(p / step) * step of `c` (as row_major_coords returns them), in order of
+// first occurrence. The one host read fetches the site count together with the error word: the
+// coarse overflow bit and, when given, the error word of the input's own hash (`input_error`), so
+// validating a new input costs nothing more; raises on bad coordinates. Every scratch array lives in
+// one allocation, and only the status words and the hash slots are set (one memset): on the H100
+// host an allocation, a memset or a launch costs 4 to 10 us of host time, several times the GPU work
+// of a scan's coarsening.
 at::Tensor coarse_sites(const at::Tensor& c, at::IntArrayRef step, const int32_t* input_error, cudaStream_t stream) {
   const int64_t n = c.size(0);
   // int32 layout: status [count, inverted error word, 2 pad] | slots | coarse [n, 4] | representative
