@@ -17,6 +17,8 @@
 #include <optional>
 #include <tuple>
 
+#include "dispatch/ops.h"
+
 namespace relconv {
 namespace {
 
@@ -24,18 +26,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Opt = std::optional<at::Tensor>;
 
-using BatchNormSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const Opt&, const Opt&,
-                                                                          const Opt&, const Opt&, bool, double,
-                                                                          double, bool, const Opt&);
 using BatchNormBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const Opt&, const Opt&, const Opt&, const Opt&, const at::Tensor&,
     const at::Tensor&, bool, double, bool, std::array<bool, 3>);
-
-const c10::TypedOperatorHandle<BatchNormSignature>& batch_norm_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("relconv::batch_norm_act", "").typed<BatchNormSignature>();
-  return op;
-}
 
 const c10::TypedOperatorHandle<BatchNormBackwardSignature>& batch_norm_backward_op() {
   static const auto op = c10::Dispatcher::singleton()

@@ -1,5 +1,6 @@
 // Typed handles to the relconv ops through the dispatcher, for kernels registered at other dispatch
-// keys (autograd, autocast) that call back into the ops.
+// keys (autograd, autocast) that call back into the ops, and for the direct Python entries of the
+// per-layer ops (library.cpp).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -41,6 +42,17 @@ using TablePairsSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const
 inline const c10::TypedOperatorHandle<TablePairsSignature>& table_pairs_op() {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("relconv::table_pairs", "").typed<TablePairsSignature>();
+  return op;
+}
+
+using BatchNormSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps, bool relu, const std::optional<at::Tensor>& num_batches_tracked);
+
+inline const c10::TypedOperatorHandle<BatchNormSignature>& batch_norm_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("relconv::batch_norm_act", "").typed<BatchNormSignature>();
   return op;
 }
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+from relconv._ext import _C, call_op
 
 _batch_norm = torch.ops.relconv.batch_norm_act.default
 
@@ -68,9 +68,9 @@ def batch_norm_act(
     if x.is_cuda and x.dtype in _FLOATING:
         # The op checks the rest (ValueError naming the argument).
         x = x if x.is_contiguous() else x.contiguous()
-        return _batch_norm(
-            x, weight, bias, running_mean, running_var, training, momentum, eps, relu, num_batches_tracked
-        )[0]
+        stats = (running_mean, running_var, training, momentum, eps)
+        args = (x, weight, bias, *stats, relu, num_batches_tracked)
+        return call_op(_C.batch_norm_act, _batch_norm, args, (x, weight, bias))[0]
     _check_params(x, weight, bias, running_mean, running_var, training=training)
     if num_batches_tracked is not None:
         if num_batches_tracked.device != x.device:  # the op's device check, for the torch fallback

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+from relconv._ext import _C, call_op
 from relconv.core.relational_map import RelationalMap
 from relconv.ops.dataflow import Dataflow, resolve_dataflow
 
@@ -93,36 +93,46 @@ def relational_conv(
         injective both ways (`rmap.injective`, voxel maps) the CUDA input gradient of that kernel
         is the same kernel over the transposed table (no atomics).
     """
+    # The checks read shapes once and call as few Python functions as they can: this wrapper runs on
+    # every layer call, and a cached layer's whole CUDA launch path costs about as much host time.
     if not isinstance(rmap, RelationalMap):
         raise TypeError(f"rmap must be a RelationalMap, got {type(rmap).__name__}")
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D tensor [num_in, C_in], got {_shape(x)}")
-    if x.shape[0] != rmap.num_in:
-        raise ValueError(f"x has {x.shape[0]} rows but the map has num_in={rmap.num_in}")
+    num_in, x_channels = x.shape
+    if num_in != rmap.num_in:
+        raise ValueError(f"x has {num_in} rows but the map has num_in={rmap.num_in}")
     # The op takes a 3-D weight as it is: a view to 4-D here would be an autograd node per call
     # (host time on every training step); the op views it below autograd, for free.
-    _check_weight_layout(weight, groups)
-    if weight.shape[0] != rmap.num_relations:
-        raise ValueError(
-            f"weight has {weight.shape[0]} relations but the map has num_relations={rmap.num_relations}"
-        )
-    c_in, c_out = _channels(weight)
-    if x.shape[1] != c_in:
-        raise ValueError(f"x has {x.shape[1]} channels but weight expects C_in = {c_in}")
+    c_in, c_out = _weight_channels(weight, groups, rmap.num_relations)
+    if x_channels != c_in:
+        raise ValueError(f"x has {x_channels} channels but weight expects C_in = {c_in}")
     if x.device != rmap.device:
         raise ValueError(f"x is on {x.device} but the map is on {rmap.device}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    b = _bias_for(bias, x, c_out)
-    table = _output_stationary_table(rmap, x, dataflow, c_out // groups)
-    x_grad = torch.is_grad_enabled() and x.requires_grad
-    w_grad = torch.is_grad_enabled() and weight.requires_grad
+    b = None if bias is None else _bias_for(bias, x, c_out)
+    cuda = x.is_cuda
+    # Only a CUDA forward runs a table, but a forced choice the map cannot run raises on the CPU too.
+    resolve = cuda or dataflow is not Dataflow.AUTO
+    compute_dtype = _compute_dtype(x, cuda) if resolve else x.dtype
+    stationary = resolve and _output_stationary(
+        rmap, compute_dtype, dataflow, c_out // groups, rmap.unique_slots
+    )
+    table = rmap.neighbor_table() if stationary and cuda else None
+    grad = torch.is_grad_enabled()
+    x_grad = grad and x.requires_grad
+    w_grad = grad and weight.requires_grad
     # The input gradient of a table forward runs the table kernel too when the map is injective both
     # ways (voxel maps): then the transposed map has a neighbour table. Maps with unique slots that
     # repeat an input within a relation have none and keep the pair path for it.
     transposed = transposed_order = None
-    table_grad = table is not None and x_grad and rmap.injective
-    if table_grad and _output_stationary(rmap, x, dataflow, c_in // groups, unique_slots=True):
+    if (
+        table is not None
+        and x_grad
+        and rmap.injective
+        and _output_stationary(rmap, compute_dtype, dataflow, c_in // groups, True)
+    ):
         transposed = rmap.transposed_neighbor_table()
         transposed_order = rmap.transposed_table_order(table_work(rmap.num_in, weight), SORT_WORK)
     # The table forward reads no pairs: a map built as a table passes none unless autograd will read
@@ -130,12 +140,12 @@ def relational_conv(
     # bias gradient needs none). Pairs that are passed come padded from the device (kernel_pairs):
     # no host sync either way.
     needs_pairs = w_grad or (x_grad and transposed is None)
-    if table is not None and not rmap.has_pairs and not needs_pairs:
+    if table is not None and not needs_pairs and not rmap.has_pairs:
         in_index, out_index, rel_ptr = rmap.absent_pairs()
     else:
         in_index, out_index, rel_ptr = rmap.kernel_pairs()
     order = None if table is None else rmap.reused_table_order(table_work(rmap.num_out, weight), SORT_WORK)
-    return _conv(
+    args = (
         x,
         weight,
         in_index,
@@ -150,6 +160,17 @@ def relational_conv(
         transposed,
         transposed_order,
     )
+    return call_op(_C.relational_conv, _conv, args, (x, weight, b))
+
+
+def _weight_channels(weight: Tensor, groups: int, num_relations: int) -> tuple[int, int]:
+    """(C_in, C_out) of a weight checked against the layouts and the map's relation count."""
+    _check_weight_layout(weight, groups)
+    if weight.shape[0] != num_relations:
+        raise ValueError(
+            f"weight has {weight.shape[0]} relations but the map has num_relations={num_relations}"
+        )
+    return _channels(weight)
 
 
 # Multiply-adds per relation slot (rows * C_in * C_out), summed over the table forwards of a map,
@@ -189,30 +210,23 @@ def _bias_for(bias: Tensor | None, x: Tensor, c_out: int) -> Tensor | None:
     return bias
 
 
-def _output_stationary_table(
-    rmap: RelationalMap, x: Tensor, dataflow: Dataflow, out_channels: int
-) -> Tensor | None:
-    """The neighbour table when the CUDA forward runs output-stationary (see relconv.ops.dataflow).
-    The choice is resolved on every device: a forced choice the map cannot run raises on the CPU too."""
-    stationary = _output_stationary(rmap, x, dataflow, out_channels, rmap.unique_slots)
-    return rmap.neighbor_table() if stationary and x.device.type == "cuda" else None
-
-
 def _output_stationary(
-    rmap: RelationalMap, x: Tensor, dataflow: Dataflow, out_channels: int, unique_slots: bool
+    rmap: RelationalMap, compute_dtype: torch.dtype, dataflow: Dataflow, out_channels: int, unique_slots: bool
 ) -> bool:
     """Whether a forward of `out_channels` outputs over `rmap` (or over its transposed map, whose
     slots are unique when rmap is injective: the input gradient of a table forward) runs
     output-stationary. AUTO may send a narrow exact fp32 layer's wider input gradient to the pairs."""
-    flow = resolve_dataflow(dataflow, _compute_dtype(x), unique_slots, rmap.scale is not None, out_channels)
+    flow = resolve_dataflow(dataflow, compute_dtype, unique_slots, rmap.scale is not None, out_channels)
     return flow is Dataflow.OUTPUT_STATIONARY
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
+def _compute_dtype(x: Tensor, cuda: bool) -> torch.dtype:
     """The dtype the op computes in: the autocast dtype for an eligible (float32) x under autocast,
     since the op's autocast kernel casts on entry, else x's own."""
-    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
+    if x.dtype == torch.float32:
+        device = "cuda" if cuda else x.device.type  # the literal: Tensor.device.type costs ~0.25 us
+        if torch.is_autocast_enabled(device):
+            return torch.get_autocast_dtype(device)
     return x.dtype
 
 

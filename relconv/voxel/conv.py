@@ -33,7 +33,7 @@ from relconv.ops import relational_conv
 from relconv.ops.relational_conv import ACTIVATIONS
 from relconv.voxel.maps import layer_map
 from relconv.voxel.tensor import VoxelTensor
-from relconv.voxel.utils import Triple, triple
+from relconv.voxel.utils import Triple, registered, triple
 
 
 def conv3d(
@@ -180,12 +180,12 @@ class Conv3d(nn.Module):
         # Arguments were validated and normalised in __init__: the per-call path does no re-checking.
         return _conv3d(
             x,
-            self.weight,
+            registered(self, "weight"),
             self.kernel_size,
             self.stride,
             self.dilation,
             self.groups,
-            self.bias,
+            registered(self, "bias"),
             self.transposed,
             self.generative,
             self.indice_key,

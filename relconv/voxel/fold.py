@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from relconv.voxel.utils import registered
+
 
 @torch.no_grad()
 def folded_parameters(conv: nn.Module, bn: nn.BatchNorm1d) -> tuple[Tensor, Tensor]:
@@ -47,11 +49,30 @@ class FoldCache:
         self.weight: Tensor | None = None
         self.bias: Tensor | None = None
 
-    def get(self, conv: nn.Module, bn: nn.BatchNorm1d, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        tensors = (conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    def get(self, conv: nn.Module, bn: nn.BatchNorm1d, feats: Tensor) -> tuple[Tensor, Tensor]:
+        """The folded parameters for a forward of `feats`: in the conv weight's dtype, or in the
+        autocast dtype when a float32 conv runs under autocast."""
+        tensors = _fold_inputs(conv, bn)
+        dtype = tensors[0].dtype
+        if dtype == torch.float32:
+            device = "cuda" if feats.is_cuda else feats.device.type  # Tensor.device.type: ~0.25 us
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
         key = (dtype, bn.eps, *[None if t is None else (id(t), t._version) for t in tensors])
         if key != self.key:
             weight, bias = folded_parameters(conv, bn)
             self.weight, self.bias = weight.to(dtype), bias.to(dtype)
             self.key, self.tensors = key, tensors
         return self.weight, self.bias
+
+
+def _fold_inputs(conv: nn.Module, bn: nn.BatchNorm1d) -> tuple:
+    """(conv weight, conv bias, bn weight, bn bias, running mean, running var): what the folding reads."""
+    return (
+        registered(conv, "weight"),
+        registered(conv, "bias"),
+        registered(bn, "weight"),
+        registered(bn, "bias"),
+        registered(bn, "running_mean"),
+        registered(bn, "running_var"),
+    )

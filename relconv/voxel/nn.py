@@ -12,6 +12,7 @@ from relconv.ops.batch_norm import batch_norm_act
 from relconv.voxel.conv import Conv3d, _conv3d
 from relconv.voxel.fold import FoldCache
 from relconv.voxel.tensor import VoxelTensor
+from relconv.voxel.utils import registered
 
 
 class _FeatureWise(nn.Module):
@@ -45,25 +46,27 @@ class BatchNorm(_FeatureWise):
 
     def normalise(self, feats: torch.Tensor, relu: bool) -> torch.Tensor:
         """`relu?(module(feats))`, the module's running statistics updated as torch updates them."""
-        bn = self.module
+        bn = self._modules["module"]  # the registries, not nn.Module.__getattr__ (see `registered`)
         # momentum=None (a cumulative average) divides by num_batches_tracked on the host: torch's way.
         if not feats.is_cuda or bn.momentum is None:
             out = bn(feats)
             return torch.relu(out) if relu else out
         # torch's rule: the running statistics are read in eval mode and updated in training when tracked.
-        use_running = not bn.training or bn.track_running_stats
+        training = bn.training
+        mean, var = registered(bn, "running_mean"), registered(bn, "running_var")
+        use_running = not training or bn.track_running_stats
         return batch_norm_act(
             feats,
-            bn.weight,
-            bn.bias,
-            bn.running_mean if use_running else None,
-            bn.running_var if use_running else None,
-            bn.training or bn.running_mean is None,
+            registered(bn, "weight"),
+            registered(bn, "bias"),
+            mean if use_running else None,
+            var if use_running else None,
+            training or mean is None,
             bn.momentum,
             bn.eps,
             relu,
             # torch counts batches in training when tracking; the op increments it in its kernel.
-            bn.num_batches_tracked if bn.training and bn.track_running_stats else None,
+            registered(bn, "num_batches_tracked") if training and bn.track_running_stats else None,
         )
 
 
@@ -165,15 +168,12 @@ class Sequential(nn.Sequential):
         for step in self._plans()[0]:
             if type(step) is tuple:
                 conv, bn, relu, cache = step
-                if bn.module.training:  # a BatchNorm left in training mode normalises by the batch
+                norm = bn._modules["module"]  # not bn.module: nn.Module.__getattr__ is a Python frame
+                if norm.training:  # a BatchNorm left in training mode normalises by the batch
                     x = bn(conv(x))
                     x = relu(x) if relu is not None else x
                     continue
-                dev = x.feats.device.type
-                dtype = conv.weight.dtype
-                if dtype == torch.float32 and torch.is_autocast_enabled(dev):
-                    dtype = torch.get_autocast_dtype(dev)
-                w, b = cache.get(conv, bn.module, dtype)
+                w, b = cache.get(conv, norm, x.feats)
                 x = _conv3d(
                     x,
                     w,

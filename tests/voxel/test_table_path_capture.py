@@ -6,8 +6,7 @@ import torch
 from voxel_markers import requires_cuda
 from voxel_refs import random_voxels
 
-from relconv.ops import Dataflow
-from relconv.ops.relational_conv import _output_stationary_table, relational_conv
+from relconv.ops import Dataflow, relational_conv, resolve_dataflow
 from relconv.voxel import Conv3d, submanifold_map
 from tests.conftest import no_host_sync
 
@@ -24,8 +23,9 @@ def _scene(dtype, channels=16):
 
 def _table_map(x):
     rmap = submanifold_map(x.coords, (3, 3, 3), (1, 1, 1), (1, 1, 1))
-    table = _output_stationary_table(rmap, x.feats, Dataflow.AUTO, x.feats.shape[1])
-    assert table is not None, "the table path must be the one tested"
+    channels = x.feats.shape[1]
+    flow = resolve_dataflow(Dataflow.AUTO, x.feats.dtype, rmap.unique_slots, rmap.scale is not None, channels)
+    assert flow is Dataflow.OUTPUT_STATIONARY, "the table path must be the one tested"
     return rmap
 
 
