@@ -190,10 +190,8 @@ def table_work(rows: int, weight: Tensor) -> float:
     return float(rows * math.prod(weight.shape[1:]))
 
 
-def _bias_for(bias: Tensor | None, x: Tensor, c_out: int) -> Tensor | None:
-    """`bias` checked against the output ([C_out] on x's device) and in the dtype the op takes."""
-    if bias is None:
-        return None
+def _bias_for(bias: object, x: Tensor, c_out: int) -> Tensor:
+    """A given `bias` checked against the output ([C_out] on x's device) and in the dtype the op takes."""
     if not isinstance(bias, Tensor):
         raise TypeError(f"bias must be a Tensor or None, got {type(bias).__name__}")
     if bias.dim() != 1 or bias.shape[0] != c_out:
