@@ -68,8 +68,18 @@ def batch_norm_act(
     if x.is_cuda and x.dtype in _FLOATING:
         # The op checks the rest (ValueError naming the argument).
         x = x if x.is_contiguous() else x.contiguous()
-        stats = (running_mean, running_var, training, momentum, eps)
-        args = (x, weight, bias, *stats, relu, num_batches_tracked)
+        args = (
+            x,
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            training,
+            momentum,
+            eps,
+            relu,
+            num_batches_tracked,
+        )
         return call_op(_C.batch_norm_act, _batch_norm, args, (x, weight, bias))[0]
     _check_params(x, weight, bias, running_mean, running_var, training=training)
     if num_batches_tracked is not None:

@@ -93,8 +93,6 @@ def relational_conv(
         injective both ways (`rmap.injective`, voxel maps) the CUDA input gradient of that kernel
         is the same kernel over the transposed table (no atomics).
     """
-    # The checks read shapes once and call as few Python functions as they can: this wrapper runs on
-    # every layer call, and a cached layer's whole CUDA launch path costs about as much host time.
     if not isinstance(rmap, RelationalMap):
         raise TypeError(f"rmap must be a RelationalMap, got {type(rmap).__name__}")
     if not isinstance(x, Tensor) or x.dim() != 2:
@@ -104,7 +102,12 @@ def relational_conv(
         raise ValueError(f"x has {num_in} rows but the map has num_in={rmap.num_in}")
     # The op takes a 3-D weight as it is: a view to 4-D here would be an autograd node per call
     # (host time on every training step); the op views it below autograd, for free.
-    c_in, c_out = _weight_channels(weight, groups, rmap.num_relations)
+    _check_weight_layout(weight, groups)
+    if weight.shape[0] != rmap.num_relations:
+        raise ValueError(
+            f"weight has {weight.shape[0]} relations but the map has num_relations={rmap.num_relations}"
+        )
+    c_in, c_out = _channels(weight)
     if x_channels != c_in:
         raise ValueError(f"x has {x_channels} channels but weight expects C_in = {c_in}")
     if x.device != rmap.device:
@@ -113,9 +116,10 @@ def relational_conv(
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     b = None if bias is None else _bias_for(bias, x, c_out)
     cuda = x.is_cuda
-    # Only a CUDA forward runs a table, but a forced choice the map cannot run raises on the CPU too.
+    # Only a CUDA forward runs a table, but a forced choice the map cannot run raises on the CPU too;
+    # resolving AUTO on the CPU decided nothing and cost ~1 us per call.
     resolve = cuda or dataflow is not Dataflow.AUTO
-    compute_dtype = _compute_dtype(x, cuda) if resolve else x.dtype
+    compute_dtype = compute_dtype_for(x.dtype, x) if resolve else x.dtype
     stationary = resolve and _output_stationary(
         rmap, compute_dtype, dataflow, c_out // groups, rmap.unique_slots
     )
@@ -163,16 +167,6 @@ def relational_conv(
     return call_op(_C.relational_conv, _conv, args, (x, weight, b))
 
 
-def _weight_channels(weight: Tensor, groups: int, num_relations: int) -> tuple[int, int]:
-    """(C_in, C_out) of a weight checked against the layouts and the map's relation count."""
-    _check_weight_layout(weight, groups)
-    if weight.shape[0] != num_relations:
-        raise ValueError(
-            f"weight has {weight.shape[0]} relations but the map has num_relations={num_relations}"
-        )
-    return _channels(weight)
-
-
 # Multiply-adds per relation slot (rows * C_in * C_out), summed over the table forwards of a map,
 # from which the map's table is sorted (neighbor_table_order; RelationalMap.reused_table_order). The
 # sort costs ~55 us plus ~0.1 us per thousand rows of GPU time and ~15 CUDA API calls of host time;
@@ -218,14 +212,14 @@ def _output_stationary(
     return flow is Dataflow.OUTPUT_STATIONARY
 
 
-def _compute_dtype(x: Tensor, cuda: bool) -> torch.dtype:
-    """The dtype the op computes in: the autocast dtype for an eligible (float32) x under autocast,
-    since the op's autocast kernel casts on entry, else x's own."""
-    if x.dtype == torch.float32:
-        device = "cuda" if cuda else x.device.type  # the literal: Tensor.device.type costs ~0.25 us
+def compute_dtype_for(dtype: torch.dtype, like: Tensor) -> torch.dtype:
+    """The dtype an operand of `dtype` computes in on `like`'s device: the autocast dtype for float32
+    under autocast (the op's autocast kernel casts on entry), else `dtype` itself."""
+    if dtype == torch.float32:
+        device = "cuda" if like.is_cuda else like.device.type  # the literal: Tensor.device.type ~0.25 us
         if torch.is_autocast_enabled(device):
             return torch.get_autocast_dtype(device)
-    return x.dtype
+    return dtype
 
 
 def relational_conv_weight_grad(x: Tensor, grad_out: Tensor, rmap: RelationalMap, groups: int = 1) -> Tensor:

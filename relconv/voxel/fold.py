@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from relconv.ops.relational_conv import compute_dtype_for
 from relconv.voxel.utils import registered
 
 
@@ -53,11 +54,7 @@ class FoldCache:
         """The folded parameters for a forward of `feats`: in the conv weight's dtype, or in the
         autocast dtype when a float32 conv runs under autocast."""
         tensors = _fold_inputs(conv, bn)
-        dtype = tensors[0].dtype
-        if dtype == torch.float32:
-            device = "cuda" if feats.is_cuda else feats.device.type  # Tensor.device.type: ~0.25 us
-            if torch.is_autocast_enabled(device):
-                dtype = torch.get_autocast_dtype(device)
+        dtype = compute_dtype_for(tensors[0].dtype, feats)
         key = (dtype, bn.eps, *[None if t is None else (id(t), t._version) for t in tensors])
         if key != self.key:
             weight, bias = folded_parameters(conv, bn)
