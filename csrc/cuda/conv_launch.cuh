@@ -79,8 +79,31 @@ void launch_forward(cuda::ConvForwardArgs<T, Idx> a, const at::Tensor& rel_ptr, 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Exact fp32 at C_out >= 64 with 16-byte rows: 128-pair tiles, 8 x 8 float4 register tiles and float4
+// atomics (conv_forward_simt_vec.cuh).
+template <typename Idx, int BN>
+void launch_forward_simt_vec(cuda::ConvForwardArgs<float, Idx> a, const at::Tensor& rel_ptr, cudaStream_t stream) {
+  constexpr int BM = 128;
+  at::Tensor tile_ptr;
+  const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, BM, 0, 1, tile_ptr, stream);
+  a.tile_ptr = tile_ptr.const_data_ptr<int64_t>();
+  a.n_tiles = (a.cout_g + BN - 1) / BN;
+  const int64_t y = int64_t{a.n_tiles} * a.groups;
+  check_grid_y(y);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y));
+  cuda::conv_forward_simt_vec<Idx, BM, BN><<<grid, cuda::SimtVecShape<BM, BN>::kThreads, 0, stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <typename T, typename Idx>
 void forward_by_width(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& rel_ptr, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    const bool out16 = reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && (int64_t{a.groups} * a.cout_g) % 4 == 0;
+    if (a.cout_g >= 64 && a.vec_x && a.vec_w && out16) {
+      if (a.cout_g >= 128) return launch_forward_simt_vec<Idx, 128>(a, rel_ptr, stream);
+      return launch_forward_simt_vec<Idx, 64>(a, rel_ptr, stream);
+    }
+  }
   if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
     // 4 warps each; warp tiles of 32x32 or 32x64 keep 4-8 accumulator fragments per warp.
     if (a.cout_g <= 32) return launch_forward<T, Idx, Tiles<128, 32, 32, 32, 32>, true>(a, rel_ptr, stream);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/conv_forward.cuh"
+#include "cuda/conv_forward_simt_vec.cuh"
 #include "cuda/conv_forward_table.cuh"
 #include "cuda/conv_weight_grad.cuh"
 

@@ -31,7 +31,8 @@ def test_direct_conv_entry_matches_torch_ops_forward_and_backward(device):
     args = _conv_args(device, requires_grad=True)
     x, w, b = args[0], args[1], args[9]
     direct, boxed = _ext._C.relational_conv(*args), CONV(*args)
-    assert torch.equal(direct, boxed)
+    # A pair list scatters with atomics on CUDA, so two runs of one kernel agree only to rounding.
+    torch.testing.assert_close(direct, boxed, rtol=1e-6, atol=1e-6)
     up = torch.randn_like(direct)
     grads_direct = torch.autograd.grad(direct, (x, w, b), up)
     grads_boxed = torch.autograd.grad(boxed, (x, w, b), up)

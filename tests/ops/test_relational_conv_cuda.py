@@ -12,7 +12,12 @@ pytestmark = [pytest.mark.cuda, requires_cuda]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("cin,cout,groups", [(16, 16, 1), (64, 64, 1), (32, 48, 4), (7, 5, 1), (128, 96, 1)])
+# (68, 132, 1): a K tail of half a slab and a ragged channel tile in the float4 kernel (C_out >= 64);
+# (256, 256, 2): its grouped 128-wide tiles.
+@pytest.mark.parametrize(
+    "cin,cout,groups",
+    [(16, 16, 1), (64, 64, 1), (32, 48, 4), (7, 5, 1), (128, 96, 1), (68, 132, 1), (256, 256, 2)],
+)
 def test_cpu_cuda_parity(dtype, cin, cout, groups):
     cpu_map = random_map(500, 400, 27, 6000, "cpu")
     gpu_map = cpu_map.to("cuda")
