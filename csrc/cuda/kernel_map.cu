@@ -88,19 +88,25 @@ struct HostWords {
   int32_t count, error;
 };
 
-// A count and an inverted error word at `device`, after the work queued on `stream`: one copy into a
-// pinned buffer of this host thread and one stream sync. Tensor::to(kCPU) does the same behind a CPU
-// allocation and a TensorIterator copy, about 25 us more host time per read on the H100 host. The
-// buffer lives as long as the thread (8 bytes, free again once the sync returns).
-HostWords read_words(const int32_t* device, cudaStream_t stream) {
+// Words at `device`, after the work queued on `stream`: one copy into a pinned buffer of this host
+// thread and one stream sync. Tensor::to(kCPU) does the same behind a CPU allocation and a
+// TensorIterator copy, about 25 us more host time per read on the H100 host. The buffer lives as
+// long as the thread (8 bytes, free again once the sync returns).
+const int32_t* read_device_words(const int32_t* device, int count, cudaStream_t stream) {
   thread_local int32_t* pinned = [] {
     void* p = nullptr;
     C10_CUDA_CHECK(cudaMallocHost(&p, 2 * sizeof(int32_t)));
     return static_cast<int32_t*>(p);
   }();
-  C10_CUDA_CHECK(cudaMemcpyAsync(pinned, device, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  C10_CUDA_CHECK(cudaMemcpyAsync(pinned, device, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return HostWords{pinned[0], pinned[1]};
+  return pinned;
+}
+
+// A count and an inverted error word (adjacent at `device`).
+HostWords read_words(const int32_t* device, cudaStream_t stream) {
+  const int32_t* words = read_device_words(device, 2, stream);
+  return HostWords{words[0], words[1]};
 }
 
 // Hash table over the rows of `c` (as row_major_coords returns them) plus an int32 [1] error word
@@ -398,6 +404,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hashed_strided_table_cuda(
   return {slots, co, table};
 }
 
+// A submanifold map from a coordinate set with no hash yet, in one call instead of two op calls and
+// a Python read of the error word (coord_hash, kernel_map_table, .item()): as hashed_strided_table,
+// because each op call and each read costs host time of its own on the fresh map of every scan. With
+// `check` the one sync reads the new hash's error word once the table kernel is queued and raises
+// on bad coordinates; without, the caller vouches for the rows. The table is int32 while the sizes
+// allow (relconv.core.index_dtype_for's rule), else int64. Returns (slots, table).
+std::tuple<at::Tensor, at::Tensor> hashed_submanifold_table_cuda(const at::Tensor& coords,
+                                                                 at::IntArrayRef kernel_size, at::IntArrayRef step,
+                                                                 bool check) {
+  const at::Tensor c = row_major_coords(coords, "coords");
+  const cuda::KernelGeometry g = geometry(kernel_size, step);
+  const c10::cuda::CUDAGuard guard(c.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto [slots, error] = hash_rows(c, stream);
+  const int64_t n = c.size(0);
+  const bool narrow = n * g.volume <= std::numeric_limits<int32_t>::max();
+  at::Tensor table = table_kernel(c, slots, c, /*same_coords=*/true, g, narrow ? at::kInt : at::kLong);
+  if (check) raise_coord_errors(~read_device_words(error.const_data_ptr<int32_t>(), 1, stream)[0]);
+  return {slots, table};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
@@ -408,6 +435,7 @@ TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
   m.impl("table_pairs", &table_pairs_cuda);
   m.impl("strided_coords", &strided_coords_cuda);
   m.impl("hashed_strided_table", &hashed_strided_table_cuda);
+  m.impl("hashed_submanifold_table", &hashed_submanifold_table_cuda);
 }
 
 }  // namespace relconv

@@ -1,13 +1,14 @@
 """Kernel maps from coordinates: a CUDA hash-table engine, and a torch reference for every device.
 
 CUDA coordinates go to the `relconv::coord_hash` / `kernel_map_table` / `strided_coords` ops
-(csrc/cuda/kernel_map*.cuh; a strided map from a set with no hash yet runs all three as one op call,
-`hashed_strided_table`): a hash table over the coordinate rows (kept per coordinate set in a
-`CoordIndex`) answers every kernel-offset query of every output straight into the output-stationary
-neighbour table `[num_out, K]`, and the map is built from that table with its pair lists left to
-materialise on first use. No coordinate bounds, no packing, no copies from the host; host syncs:
-one to validate a new coordinate set (none for coordinates relconv's strided builder made) and one
-per downsampling step to size its output (the validation read rides along with it).
+(csrc/cuda/kernel_map*.cuh; a map from a set with no hash yet runs them, and the check of the new
+set, as one op call: `hashed_submanifold_table`, `hashed_strided_table`): a hash table over the
+coordinate rows (kept per coordinate set in a `CoordIndex`) answers every kernel-offset query of
+every output straight into the output-stationary neighbour table `[num_out, K]`, and the map is
+built from that table with its pair lists left to materialise on first use. No coordinate bounds,
+no packing, no copies from the host; host syncs: one to validate a new coordinate set (none for
+coordinates relconv's strided builder made) and one per downsampling step to size its output (the
+validation read rides along with it).
 
 CPU coordinates (and generative maps) take the torch path: each builder packs the coordinates into
 int64 keys (`relconv.voxel.keys`), sorts the input keys once, forms the query keys of ALL K kernel
@@ -37,6 +38,7 @@ _COORD_HASH = torch.ops.relconv.coord_hash.default
 _KERNEL_MAP_TABLE = torch.ops.relconv.kernel_map_table.default
 _STRIDED_COORDS = torch.ops.relconv.strided_coords.default
 _HASHED_STRIDED_TABLE = torch.ops.relconv.hashed_strided_table.default
+_HASHED_SUBMANIFOLD_TABLE = torch.ops.relconv.hashed_submanifold_table.default
 
 
 class CoordIndex:
@@ -89,7 +91,7 @@ class CoordIndex:
 
     def adopt_checked(self, slots: Tensor) -> None:
         """Keeps the hash table of these coordinates that an op built and checked
-        (`hashed_strided_table`)."""
+        (`hashed_submanifold_table`, `hashed_strided_table`)."""
         self._slots = slots
         self.validated = True
         self._error = None
@@ -230,6 +232,10 @@ def submanifold_map(
     step = tuple(d * t for d, t in zip(dilation, tensor_stride, strict=True))
     if coords.is_cuda:
         index = _index_for(coords, index)
+        if validate and not index.hashed:  # hash, table and check in one op call
+            slots, table = _HASHED_SUBMANIFOLD_TABLE(coords, kernel_size, step, not index.validated)
+            index.adopt_checked(slots)
+            return _from_table(table, index)
         return _table_map(coords, index, coords, kernel_size, step, validate)
     lo, hi = bounds(coords)
     packing = make_packing(lo, hi, _reach(kernel_size, step))

@@ -111,6 +111,29 @@ def test_extreme_coordinates_miss_instead_of_overflowing():
     assert (table >= 0).sum() == 4 and ref.num_pairs == 2
 
 
+@pytest.mark.parametrize("kernel", [(3, 3, 3), (2, 2, 2)])
+def test_fresh_submanifold_map_is_one_op_call(monkeypatch, kernel):
+    """A set with no hash gets its hash, table and check from hashed_submanifold_table alone; the
+    index keeps the hash for the set's later maps, which take the split ops with no sync."""
+    coords = scene(n=500, seed=14)
+    index = km.CoordIndex(coords.cuda())
+
+    def split_op(*_):
+        raise AssertionError("a fresh set's map took the split ops")
+
+    with monkeypatch.context() as m:
+        m.setattr(km, "_COORD_HASH", split_op)
+        m.setattr(km, "_KERNEL_MAP_TABLE", split_op)
+        got = km.submanifold_map(index.coords, kernel, (1, 1, 1), (1, 1, 1), index=index)
+    assert index.validated and index.hashed
+    ref = km.submanifold_map(coords, kernel, (1, 1, 1), (1, 1, 1))
+    assert torch.equal(got.neighbor_table().cpu().long(), ref.neighbor_table().long())
+    with no_host_sync():
+        again = km.submanifold_map(index.coords, (5, 5, 5), (1, 1, 1), (1, 1, 1), index=index)
+    ref5 = km.submanifold_map(coords, (5, 5, 5), (1, 1, 1), (1, 1, 1))
+    assert torch.equal(again.neighbor_table().cpu().long(), ref5.neighbor_table().long())
+
+
 @pytest.mark.parametrize("bad", ["duplicate", "negative_batch"])
 @pytest.mark.parametrize("builder", ["submanifold", "strided"])
 def test_bad_coordinates_raise_and_cuda_survives(bad, builder):
