@@ -65,6 +65,11 @@ void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
 // Both keep one wgmma in flight. Without that, with 2 stages at two blocks per SM, and with 256-row
 // tiles (half the weight-slab traffic, one block per SM) the kernel was slower (129-157 us at C128).
 // Tables from kTallTileRows rows keep the mma.sync kernel: the one measurement there lost.
+// Deeper pipelines (session 9, us per call on 20k-75k rows; benchmarks/results/h100-2026-11-23/
+// gpu_checks/session9_probes.txt): 32-wide C_in stages with 6 or 8 (C256) / 8 or 12 (C128) stages
+// were 2-12% slower, 4 (C256) / 6 (C128) stages of 64 within noise of these. ncu at C256 (64-beam):
+// tensor pipe 34% busy at 8 warps per SM and 0.43 eligible warps per scheduler: something other
+// than the depth holds it back (not yet measured: the gathers' issue cost, the per-step barrier).
 constexpr int64_t kWgmmaMaxRows = 100000;
 
 template <typename T>
