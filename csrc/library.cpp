@@ -54,9 +54,10 @@
 //   hashed_strided_table(in_coords, kernel_size, step, out_step, check) -> (slots, out_coords,
 //            table): coord_hash, strided_coords (its one sync reads the new hash's error word when
 //            check) and kernel_map_table in one call; the table int32 while sizes allow.
-//   hashed_submanifold_table(coords, kernel_size, step, check) -> (slots, table): coord_hash and
-//            kernel_map_table of the coordinates against themselves in one call; with check, one
-//            host sync reads the new hash's error word and raises ValueError on bad coordinates.
+//   hashed_submanifold_table(coords, kernel_size, step, check, one_buffer) -> (slots, table):
+//            coord_hash and kernel_map_table of the coordinates against themselves in one call
+//            (with one_buffer, both in one allocation); with check, one host sync reads the new
+//            hash's error word and raises ValueError on bad coordinates.
 //
 // BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over
 // the N rows; weight, bias, running_mean, running_var [C] in one dtype: x's, or float32 for
@@ -97,7 +98,9 @@ TORCH_LIBRARY(relconv, m) {
   m.def(
       "hashed_strided_table(Tensor in_coords, int[3] kernel_size, int[3] step, int[3] out_step, "
       "bool check) -> (Tensor, Tensor, Tensor)");
-  m.def("hashed_submanifold_table(Tensor coords, int[3] kernel_size, int[3] step, bool check) -> (Tensor, Tensor)");
+  m.def(
+      "hashed_submanifold_table(Tensor coords, int[3] kernel_size, int[3] step, bool check, "
+      "bool one_buffer) -> (Tensor, Tensor)");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "

@@ -112,19 +112,22 @@ HostWords read_words(const int32_t* device, cudaStream_t stream) {
 // Hash table over the rows of `c` (as row_major_coords returns them) plus an int32 [1] error word
 // (kErr* bits, inverted: see kernel_map_hash.cuh); no host synchronisation. Both live in one buffer
 // set by one memset.
-std::tuple<at::Tensor, at::Tensor> hash_rows(const at::Tensor& c, cudaStream_t stream) {
-  const int64_t n = c.size(0);
+// Inserts the rows of `c` into `capacity` slots and the error word, both preset to all ones.
+void insert_rows(const at::Tensor& c, int32_t* slots, int64_t capacity, int32_t* error, cudaStream_t stream) {
   static_assert(cuda::kEmptySlot == -1, "empty slots are set bytewise to 0xFF");
-  const int64_t capacity = hash_capacity(n);
+  const int64_t n = c.size(0);
+  if (n == 0) return;
+  cuda::hash_insert_rows<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
+      c.const_data_ptr<int32_t>(), n, slots, cuda::SlotLayout::of_capacity(capacity), error);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+std::tuple<at::Tensor, at::Tensor> hash_rows(const at::Tensor& c, cudaStream_t stream) {
+  const int64_t capacity = hash_capacity(c.size(0));
   const at::Tensor buffer = memset_tensor({capacity + 1}, c.options(), kAllOnes, stream);
   at::Tensor slots = buffer.narrow(0, 0, capacity);
   at::Tensor error = buffer.narrow(0, capacity, 1);
-  if (n > 0) {
-    cuda::hash_insert_rows<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
-        c.const_data_ptr<int32_t>(), n, slots.mutable_data_ptr<int32_t>(),
-        cuda::SlotLayout::of_capacity(slots.numel()), error.mutable_data_ptr<int32_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  insert_rows(c, slots.mutable_data_ptr<int32_t>(), capacity, error.mutable_data_ptr<int32_t>(), stream);
   return {slots, error};
 }
 
@@ -153,38 +156,38 @@ cuda::KernelGeometry geometry(at::IntArrayRef kernel_size, at::IntArrayRef step)
   return g;
 }
 
-// The neighbour table's kernel (the arguments checked by kernel_map_table_cuda).
-at::Tensor table_kernel(const at::Tensor& ci, const at::Tensor& s, const at::Tensor& co, bool same_coords,
-                        const cuda::KernelGeometry& g, at::ScalarType dtype) {
+// A submanifold map (the same coordinates on both sides) of an odd kernel is symmetric: half the
+// queries fill the table (submanifold_table_kernel), over a -1 fill.
+bool symmetric_table(bool same_coords, const cuda::KernelGeometry& g) {
+  return same_coords && (g.size[0] & g.size[1] & g.size[2] & 1);
+}
+
+// Launches the neighbour table's kernel into `table` [M, K], preset to -1 when `symmetric`.
+void fill_table(const at::Tensor& ci, const at::Tensor& s, const at::Tensor& co, bool symmetric,
+                const cuda::KernelGeometry& g, at::Tensor& table, cudaStream_t stream) {
   const int64_t m = co.size(0);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  // A submanifold map (the same coordinates on both sides) of an odd kernel is symmetric: half the
-  // queries fill the table (submanifold_table_kernel), over a -1 fill.
-  const bool symmetric = same_coords && (g.size[0] & g.size[1] & g.size[2] & 1);
-  if (symmetric && m > 0) {
-    at::Tensor table = memset_tensor({m, g.volume}, ci.options().dtype(dtype), kAllOnes, stream);
-    const unsigned blocks = blocks_for(m * (g.volume / 2 + 1));
-    if (dtype == at::kInt) {
-      cuda::submanifold_table_kernel<int32_t>
-          <<<blocks, cuda::kMapThreads, 0, stream>>>(view(ci, s), m, g, table.mutable_data_ptr<int32_t>());
+  if (m == 0) return;
+  AT_DISPATCH_INDEX_TYPES(table.scalar_type(), "kernel_map_table", [&] {
+    if (symmetric) {
+      cuda::submanifold_table_kernel<index_t><<<blocks_for(m * (g.volume / 2 + 1)), cuda::kMapThreads, 0, stream>>>(
+          view(ci, s), m, g, table.mutable_data_ptr<index_t>());
     } else {
-      cuda::submanifold_table_kernel<int64_t>
-          <<<blocks, cuda::kMapThreads, 0, stream>>>(view(ci, s), m, g, table.mutable_data_ptr<int64_t>());
+      cuda::neighbor_table_kernel<index_t><<<blocks_for(m * g.volume), cuda::kMapThreads, 0, stream>>>(
+          view(ci, s), co.const_data_ptr<int32_t>(), m, g, table.mutable_data_ptr<index_t>());
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return table;
-  }
-  at::Tensor table = at::empty({m, g.volume}, ci.options().dtype(dtype));
-  if (m == 0) return table;
-  const unsigned blocks = blocks_for(m * g.volume);
-  if (dtype == at::kInt) {
-    cuda::neighbor_table_kernel<int32_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
-        view(ci, s), co.const_data_ptr<int32_t>(), m, g, table.mutable_data_ptr<int32_t>());
-  } else {
-    cuda::neighbor_table_kernel<int64_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
-        view(ci, s), co.const_data_ptr<int32_t>(), m, g, table.mutable_data_ptr<int64_t>());
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// The neighbour table (the arguments checked by kernel_map_table_cuda).
+at::Tensor table_kernel(const at::Tensor& ci, const at::Tensor& s, const at::Tensor& co, bool same_coords,
+                        const cuda::KernelGeometry& g, at::ScalarType dtype) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool symmetric = symmetric_table(same_coords, g);
+  const auto options = ci.options().dtype(dtype);
+  at::Tensor table = symmetric ? memset_tensor({co.size(0), g.volume}, options, kAllOnes, stream)
+                               : at::empty({co.size(0), g.volume}, options);
+  fill_table(ci, s, co, symmetric, g, table, stream);
   return table;
 }
 
@@ -409,19 +412,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hashed_strided_table_cuda(
 // because each op call and each read costs host time of its own on the fresh map of every scan. With
 // `check` the one sync reads the new hash's error word once the table kernel is queued and raises
 // on bad coordinates; without, the caller vouches for the rows. The table is int32 while the sizes
-// allow (relconv.core.index_dtype_for's rule), else int64. Returns (slots, table).
+// allow (relconv.core.index_dtype_for's rule), else int64. `one_buffer` (a set that keeps its hash:
+// CoordIndex.RELEASE_ROWS) puts table, slots and error word in one int32 allocation set by one
+// memset: on the H100 host an allocation or a memset costs 4 to 10 us of host time, and a set that
+// keeps its hash frees it together with its maps anyway. Returns (slots, table).
 std::tuple<at::Tensor, at::Tensor> hashed_submanifold_table_cuda(const at::Tensor& coords,
                                                                  at::IntArrayRef kernel_size, at::IntArrayRef step,
-                                                                 bool check) {
+                                                                 bool check, bool one_buffer) {
   const at::Tensor c = row_major_coords(coords, "coords");
   const cuda::KernelGeometry g = geometry(kernel_size, step);
   const c10::cuda::CUDAGuard guard(c.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  auto [slots, error] = hash_rows(c, stream);
-  const int64_t n = c.size(0);
-  const bool narrow = n * g.volume <= std::numeric_limits<int32_t>::max();
-  at::Tensor table = table_kernel(c, slots, c, /*same_coords=*/true, g, narrow ? at::kInt : at::kLong);
-  if (check) raise_coord_errors(~read_device_words(error.const_data_ptr<int32_t>(), 1, stream)[0]);
+  const int64_t n = c.size(0), entries = n * g.volume;
+  const bool narrow = entries <= std::numeric_limits<int32_t>::max();
+  at::Tensor slots, table, error_word;  // error_word: the split path's own
+  const int32_t* error = nullptr;
+  if (one_buffer && narrow) {
+    // int32 layout: table [n, K] | slots | error word, all ones (-1: no neighbour, empty slot).
+    const int64_t capacity = hash_capacity(n);
+    const at::Tensor buffer = memset_tensor({entries + capacity + 1}, c.options(), kAllOnes, stream);
+    table = buffer.as_strided({n, g.volume}, {g.volume, 1}, 0);
+    slots = buffer.as_strided({capacity}, {1}, entries);
+    int32_t* base = buffer.mutable_data_ptr<int32_t>();
+    insert_rows(c, base + entries, capacity, base + entries + capacity, stream);
+    error = base + entries + capacity;
+    fill_table(c, slots, c, symmetric_table(true, g), g, table, stream);
+  } else {
+    std::tie(slots, error_word) = hash_rows(c, stream);
+    error = error_word.const_data_ptr<int32_t>();
+    table = table_kernel(c, slots, c, /*same_coords=*/true, g, narrow ? at::kInt : at::kLong);
+  }
+  if (check) raise_coord_errors(~read_device_words(error, 1, stream)[0]);
   return {slots, table};
 }
 

@@ -233,7 +233,9 @@ def submanifold_map(
     if coords.is_cuda:
         index = _index_for(coords, index)
         if validate and not index.hashed:  # hash, table and check in one op call
-            slots, table = _HASHED_SUBMANIFOLD_TABLE(coords, kernel_size, step, not index.validated)
+            check, keeps_hash = not index.validated, coords.shape[0] < index.RELEASE_ROWS
+            # A set that keeps its hash gets table and hash in one allocation.
+            slots, table = _HASHED_SUBMANIFOLD_TABLE(coords, kernel_size, step, check, keeps_hash)
             index.adopt_checked(slots)
             return _from_table(table, index)
         return _table_map(coords, index, coords, kernel_size, step, validate)

@@ -134,6 +134,26 @@ def test_fresh_submanifold_map_is_one_op_call(monkeypatch, kernel):
     assert torch.equal(again.neighbor_table().cpu().long(), ref5.neighbor_table().long())
 
 
+@pytest.mark.parametrize("kernel", [(3, 3, 3), (2, 2, 2)])
+def test_one_buffer_table_and_hash_equal_the_split_ones(kernel):
+    """hashed_submanifold_table with one allocation for table, hash and error word gives the table
+    and a hash that later maps of the set use, as with separate allocations."""
+    op = torch.ops.relconv.hashed_submanifold_table.default
+    table_op = torch.ops.relconv.kernel_map_table.default
+    coords = scene(n=700, seed=15).cuda()
+    ref = km.submanifold_map(coords.cpu(), (5, 5, 5), (1, 1, 1), (1, 1, 1)).neighbor_table().long()
+    tables = []
+    for one_buffer in (False, True):
+        slots, table = op(coords, kernel, (1, 1, 1), True, one_buffer)
+        tables.append(table.cpu())
+        later = table_op(coords, slots, coords, (5, 5, 5), (1, 1, 1), torch.int32)
+        assert torch.equal(later.cpu().long(), ref)
+    assert torch.equal(tables[0], tables[1]) and tables[1].dtype == torch.int32
+    empty = coords[:0]
+    slots, table = op(empty, (3, 3, 3), (1, 1, 1), True, True)
+    assert table.shape == (0, 27) and slots.numel() > 0
+
+
 @pytest.mark.parametrize("bad", ["duplicate", "negative_batch"])
 @pytest.mark.parametrize("builder", ["submanifold", "strided"])
 def test_bad_coordinates_raise_and_cuda_survives(bad, builder):
