@@ -56,6 +56,24 @@ __device__ __forceinline__ void load_forward_pairs(const ConvForwardArgs<T, Idx>
   }
 }
 
+// The opening of every fetch-on-demand forward kernel: the block's pair tile (blockIdx.x), its group
+// and BN-wide column tile (blockIdx.y), and the tile's pair metadata in shared memory (ends in a
+// barrier). t.valid is the same for the whole block; a block without pairs returns before the barrier.
+struct ForwardTile {
+  PairTile t;
+  int g, n0;
+};
+template <int BM, int BN, typename T, typename Idx>
+__device__ __forceinline__ ForwardTile begin_forward_tile(const ConvForwardArgs<T, Idx>& a, int64_t* s_in,
+                                                          int64_t* s_out, acc_t<T>* s_scale) {
+  ForwardTile f{locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, BM, blockIdx.x),
+                static_cast<int>(blockIdx.y / a.n_tiles), static_cast<int>(blockIdx.y % a.n_tiles) * BN};
+  if (!f.t.valid) return f;
+  load_forward_pairs<BM>(a, f.t, f.g, s_in, s_out, s_scale);
+  __syncthreads();
+  return f;
+}
+
 // Tensor-core variant (half / bfloat16). Warps form a (BM/WM) x (BN/WN) grid over the block tile.
 // Shared memory: A [BM][BK+8] and B [BK][BN+8] during the K loop, then reused as the fp32 C tile
 // [BM][BN+4] for a coalesced epilogue (consecutive threads add consecutive channels of one row).
@@ -70,11 +88,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   __shared__ int64_t s_in[BM], s_out[BM];
   __shared__ float s_scale[BM];
 
-  const PairTile t = locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, BM, blockIdx.x);
+  const auto [t, g, n0] = begin_forward_tile<BM, BN>(a, s_in, s_out, s_scale);
   if (!t.valid) return;
-  const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
-  load_forward_pairs<BM>(a, t, g, s_in, s_out, s_scale);
-  __syncthreads();
 
   T* As = reinterpret_cast<T*>(smem);
   T* Bs = As + BM * kLdA;
@@ -118,11 +133,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
   __shared__ int64_t s_in[BM], s_out[BM];
   __shared__ acc_t<T> s_scale[BM];
 
-  const PairTile t = locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, BM, blockIdx.x);
+  const auto [t, g, n0] = begin_forward_tile<BM, BN>(a, s_in, s_out, s_scale);
   if (!t.valid) return;
-  const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
-  load_forward_pairs<BM>(a, t, g, s_in, s_out, s_scale);
-  __syncthreads();
 
   const int tm = threadIdx.x / (BN / TN), tn = threadIdx.x % (BN / TN);
   SimtThreadTile<T, BM, BN, TM, TN> tile;

@@ -39,11 +39,8 @@ __global__ void __launch_bounds__(SimtVecShape<BM, BN>::kThreads)
   __shared__ int64_t s_in[BM], s_out[BM];
   __shared__ float s_scale[BM];
 
-  const PairTile t = locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, BM, blockIdx.x);
+  const auto [t, g, n0] = begin_forward_tile<BM, BN>(a, s_in, s_out, s_scale);
   if (!t.valid) return;
-  const int g = blockIdx.y / a.n_tiles, n0 = (blockIdx.y % a.n_tiles) * BN;
-  load_forward_pairs<BM>(a, t, g, s_in, s_out, s_scale);
-  __syncthreads();
 
   const int cin = a.cin_g, cout = a.cout_g;
   const float* w = a.weight + (t.relation * a.groups + g) * int64_t{cin} * cout;
