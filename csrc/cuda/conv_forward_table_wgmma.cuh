@@ -44,7 +44,7 @@ struct WgmmaTableConfig {
   using E = typename CuteElement<T>::type;
   static constexpr int BK = 64;  // one 128-byte swizzle row of C_in per stage
   static constexpr int kThreads = 256;  // two warpgroups, stacked along M
-  static_assert(BM % 128 == 0 && (BN == 128 || BN == 256), "two 64-row warpgroups per 128 rows");
+  static_assert(BM % 128 == 0 && BN % 64 == 0 && BN <= 256, "two 64-row warpgroups per 128 rows");
   // fp32 += E x E over 64 x BN x 16 steps; A K-major (gathered x rows), B MN-major (W[r] rows are
   // C_out-contiguous).
   using Atom = decltype(cute::GMMA::ss_op_selector<E, E, float, cute::Shape<cute::_64, cute::Int<BN>, cute::Int<BK>>,
@@ -60,10 +60,12 @@ struct WgmmaTableConfig {
   // + 1024: the swizzle atoms repeat every 1024 bytes and must start on such a boundary.
   static constexpr int kBytes = kBytesA + kBytesB + kBytesRows + kBytesOut + 1024;
   static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages keep 1024-byte alignment");
+  // Two CTAs per SM where their shared memory fits (228 KiB per SM, 1 KiB of it reserved per CTA).
+  static constexpr int kMinBlocks = 2 * (kBytes + 1024) <= 228 * 1024 ? 2 : 1;
 };
 
 template <typename T, int BM, int BN, int kStages>
-__global__ void __launch_bounds__(256, 1) conv_forward_table_wgmma(const ConvTableArgs<T, int32_t> a) {
+__global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages>::kMinBlocks)) conv_forward_table_wgmma(const ConvTableArgs<T, int32_t> a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Cfg = WgmmaTableConfig<T, BM, BN, kStages>;

@@ -192,7 +192,7 @@ template <typename T, typename Idx>
 void forward_table_mma_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
   constexpr int kWideK = 128 / sizeof(T), kNarrowK = 64 / sizeof(T);
   if constexpr ((std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) && std::is_same_v<Idx, int32_t>) {
-    if (a.cout_g >= 128 && forward_table_wgmma<T>(a, stream)) return;
+    if (a.cout_g >= 64 && forward_table_wgmma<T>(a, stream)) return;
   }
   if (a.cin_g >= 64 && a.cout_g > 32) {
     if (a.cout_g <= 64 && a.num_out >= kTallTileRows) {

@@ -70,20 +70,30 @@ void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
 // were 2-12% slower, 4 (C256) / 6 (C128) stages of 64 within noise of these. ncu at C256 (64-beam):
 // tensor pipe 34% busy at 8 warps per SM and 0.43 eligible warps per scheduler: something other
 // than the depth holds it back (not yet measured: the gathers' issue cost, the per-step barrier).
+// Session 10 (same gpu_checks folder, session10_probes.txt), kernel us per call:
+//   C64, 128 x 64 tiles, 3 stages, two CTAs per SM, against the mma.sync kernel: 64-beam 46.0 -> 42.5,
+//   real scan 30.0 -> 28.7, 32-beam (21k rows) 28.4 -> 28.6; but 171k rows 94 -> 112 and 3.5M rows
+//   1798 -> 2327 (there the mma.sync kernel's 128 x 64 tiles at two blocks per SM stay). 256-row
+//   C64 tiles (2 or 4 warpgroups) lost everywhere but the 32-beam scan.
+//   192-row tiles over three warpgroups: C128 64-beam 108 -> 95 but real scan 46 -> 64 (148 tiles,
+//   about one wave) and 171k rows 198 -> 215; at C256 the 128-float accumulator spills (168
+//   registers a thread at 384 threads): 214 -> 252. Not taken.
 constexpr int64_t kWgmmaMaxRows = 100000;
 
 template <typename T>
 bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   const int64_t ldx = int64_t{a.groups} * a.cin_g;
-  if (a.cin_g % 64 != 0 || a.cout_g % 128 != 0 || a.num_out >= kWgmmaMaxRows || !a.vec_x || !a.vec_w ||
-      !a.vec_out2 || ldx > std::numeric_limits<int32_t>::max() || int64_t{a.cout_g / 128} * a.groups > 65535 ||
+  if (a.cin_g % 64 != 0 || a.cout_g % 64 != 0 || a.num_out >= kWgmmaMaxRows || !a.vec_x || !a.vec_w ||
+      !a.vec_out2 || ldx > std::numeric_limits<int32_t>::max() || int64_t{a.cout_g / 64} * a.groups > 65535 ||
       !wgmma_available()) {
     return false;
   }
   if (a.cout_g % 256 == 0) {
     launch<T, 128, 256, 3>(a, stream);
-  } else {
+  } else if (a.cout_g % 128 == 0) {
     launch<T, 128, 128, 4>(a, stream);
+  } else {
+    launch<T, 128, 64, 3>(a, stream);
   }
   return true;
 }
