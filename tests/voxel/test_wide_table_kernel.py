@@ -37,7 +37,10 @@ def _kernels(fn) -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("groups, cin, cout", [(1, 64, 64), (1, 64, 128), (1, 128, 256), (1, 192, 384), (2, 128, 256), (2, 128, 128)])
+@pytest.mark.parametrize(
+    "groups, cin, cout",
+    [(1, 64, 64), (1, 64, 128), (1, 128, 256), (1, 192, 384), (2, 128, 256), (2, 128, 128)],
+)
 def test_wide_layers_match_the_reference(dtype, groups, cin, cout):
     rmap = _map()
     assert rmap.num_out % 128  # a partial last tile
