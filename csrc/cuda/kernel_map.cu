@@ -92,10 +92,12 @@ struct HostWords {
 // thread and one stream sync. Tensor::to(kCPU) does the same behind a CPU allocation and a
 // TensorIterator copy, about 25 us more host time per read on the H100 host. The buffer lives as
 // long as the thread (8 bytes, free again once the sync returns).
+constexpr int kPinnedWords = 2;
 const int32_t* read_device_words(const int32_t* device, int count, cudaStream_t stream) {
+  TORCH_INTERNAL_ASSERT(count <= kPinnedWords, "relconv: the pinned read buffer holds ", kPinnedWords, " words");
   thread_local int32_t* pinned = [] {
     void* p = nullptr;
-    C10_CUDA_CHECK(cudaMallocHost(&p, 2 * sizeof(int32_t)));
+    C10_CUDA_CHECK(cudaMallocHost(&p, kPinnedWords * sizeof(int32_t)));
     return static_cast<int32_t*>(p);
   }();
   C10_CUDA_CHECK(cudaMemcpyAsync(pinned, device, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
@@ -109,9 +111,6 @@ HostWords read_words(const int32_t* device, cudaStream_t stream) {
   return HostWords{words[0], words[1]};
 }
 
-// Hash table over the rows of `c` (as row_major_coords returns them) plus an int32 [1] error word
-// (kErr* bits, inverted: see kernel_map_hash.cuh); no host synchronisation. Both live in one buffer
-// set by one memset.
 // Inserts the rows of `c` into `capacity` slots and the error word, both preset to all ones.
 void insert_rows(const at::Tensor& c, int32_t* slots, int64_t capacity, int32_t* error, cudaStream_t stream) {
   static_assert(cuda::kEmptySlot == -1, "empty slots are set bytewise to 0xFF");
@@ -122,6 +121,9 @@ void insert_rows(const at::Tensor& c, int32_t* slots, int64_t capacity, int32_t*
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Hash table over the rows of `c` (as row_major_coords returns them) plus an int32 [1] error word
+// (kErr* bits, inverted: see kernel_map_hash.cuh); no host synchronisation. Both live in one buffer
+// set by one memset.
 std::tuple<at::Tensor, at::Tensor> hash_rows(const at::Tensor& c, cudaStream_t stream) {
   const int64_t capacity = hash_capacity(c.size(0));
   const at::Tensor buffer = memset_tensor({capacity + 1}, c.options(), kAllOnes, stream);
@@ -433,9 +435,9 @@ std::tuple<at::Tensor, at::Tensor> hashed_submanifold_table_cuda(const at::Tenso
     const at::Tensor buffer = memset_tensor({entries + capacity + 1}, c.options(), kAllOnes, stream);
     table = buffer.as_strided({n, g.volume}, {g.volume, 1}, 0);
     slots = buffer.as_strided({capacity}, {1}, entries);
-    int32_t* base = buffer.mutable_data_ptr<int32_t>();
-    insert_rows(c, base + entries, capacity, base + entries + capacity, stream);
-    error = base + entries + capacity;
+    int32_t* const word = buffer.mutable_data_ptr<int32_t>() + entries + capacity;
+    insert_rows(c, slots.mutable_data_ptr<int32_t>(), capacity, word, stream);
+    error = word;
     fill_table(c, slots, c, symmetric_table(true, g), g, table, stream);
   } else {
     std::tie(slots, error_word) = hash_rows(c, stream);
