@@ -23,6 +23,7 @@
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
+#include <type_traits>
 
 #include "conv_forward_table.cuh"
 
@@ -39,21 +40,26 @@ struct CuteElement<__nv_bfloat16> {
   using type = cute::bfloat16_t;
 };
 
-template <typename T, int BM, int BN, int kStages>
+// kWeightT: the weight is stored transposed, [R, groups, cout_g, cin_g] (W[r]^T: the input
+// gradient's view of the forward weight, see contiguous_weight), so the B slab is read K-major
+// straight from it instead of from a transposed copy.
+template <typename T, int BM, int BN, int kStages, bool kWeightT>
 struct WgmmaTableConfig {
   using E = typename CuteElement<T>::type;
   static constexpr int BK = 64;  // one 128-byte swizzle row of C_in per stage
   static constexpr int kThreads = 256;  // two warpgroups, stacked along M
   static_assert(BM % 128 == 0 && BN % 64 == 0 && BN <= 256, "two 64-row warpgroups per 128 rows");
   // fp32 += E x E over 64 x BN x 16 steps; A K-major (gathered x rows), B MN-major (W[r] rows are
-  // C_out-contiguous).
+  // C_out-contiguous) or, for a transposed weight, K-major.
+  static constexpr auto kMajorB = kWeightT ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
   using Atom = decltype(cute::GMMA::ss_op_selector<E, E, float, cute::Shape<cute::_64, cute::Int<BN>, cute::Int<BK>>,
-                                                   cute::GMMA::Major::K, cute::GMMA::Major::MN>());
+                                                   cute::GMMA::Major::K, kMajorB>());
   using TiledMma = decltype(cute::make_tiled_mma(Atom{},
                                                  cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
   using LayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<E>{},
                                                cute::make_shape(cute::Int<BM>{}, cute::Int<BK>{}, cute::Int<kStages>{})));
-  using LayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<E>{},
+  using AtomB = std::conditional_t<kWeightT, cute::GMMA::Layout_K_SW128_Atom<E>, cute::GMMA::Layout_MN_SW128_Atom<E>>;
+  using LayoutB = decltype(cute::tile_to_shape(AtomB{},
                                                cute::make_shape(cute::Int<BN>{}, cute::Int<BK>{}, cute::Int<kStages>{})));
   static constexpr int kBytesA = cute::cosize_v<LayoutA> * 2, kBytesB = cute::cosize_v<LayoutB> * 2;
   static constexpr int kBytesRows = BM * kRelChunk * 4, kBytesOut = BM * 8;
@@ -64,11 +70,11 @@ struct WgmmaTableConfig {
   static constexpr int kMinBlocks = 2 * (kBytes + 1024) <= 228 * 1024 ? 2 : 1;
 };
 
-template <typename T, int BM, int BN, int kStages>
-__global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages>::kMinBlocks)) conv_forward_table_wgmma(const ConvTableArgs<T, int32_t> a) {
+template <typename T, int BM, int BN, int kStages, bool kWeightT>
+__global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages, kWeightT>::kMinBlocks)) conv_forward_table_wgmma(const ConvTableArgs<T, int32_t> a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
-  using Cfg = WgmmaTableConfig<T, BM, BN, kStages>;
+  using Cfg = WgmmaTableConfig<T, BM, BN, kStages, kWeightT>;
   using E = typename Cfg::E;
   constexpr int BK = Cfg::BK, kThreads = Cfg::kThreads;
   extern __shared__ unsigned char smem_raw[];
@@ -116,13 +122,25 @@ __global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages>::kM
         T* dst = reinterpret_cast<T*>(raw_pointer_cast(&sA(i, c, stage)));
         cp_async_16(dst, xk + static_cast<uint64_t>(r) * ldx32 + c, row >= 0);
       }
-      // B: the BK x BN slab of W[c0 + j] (rows of C_out), as BN/8 chunks per row.
-      const T* wk = a.weight + ((c0 + j) * a.groups + g) * int64_t{cin} * cout + int64_t{k0} * cout + n0;
+      const T* w = a.weight + ((c0 + j) * a.groups + g) * int64_t{cin} * cout;
+      if constexpr (kWeightT) {
+        // B: the BK x BN slab of W[c0 + j] from its transpose (rows of C_in), 8 chunks per column n.
+        const T* wk = w + int64_t{n0} * cin + k0;
 #pragma unroll
-      for (int it = 0; it < BK * (BN / 8) / kThreads; ++it) {
-        const int idx = threadIdx.x + it * kThreads, k = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
-        T* dst = reinterpret_cast<T*>(raw_pointer_cast(&sB(c, k, stage)));
-        cp_async_16(dst, wk + int64_t{k} * cout + c, true);
+        for (int it = 0; it < BN * 8 / kThreads; ++it) {
+          const int idx = threadIdx.x + it * kThreads, n = idx / 8, c = (idx % 8) * 8;
+          T* dst = reinterpret_cast<T*>(raw_pointer_cast(&sB(n, c, stage)));
+          cp_async_16(dst, wk + int64_t{n} * cin + c, true);
+        }
+      } else {
+        // B: the BK x BN slab of W[c0 + j] (rows of C_out), as BN/8 chunks per row.
+        const T* wk = w + int64_t{k0} * cout + n0;
+#pragma unroll
+        for (int it = 0; it < BK * (BN / 8) / kThreads; ++it) {
+          const int idx = threadIdx.x + it * kThreads, k = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
+          T* dst = reinterpret_cast<T*>(raw_pointer_cast(&sB(c, k, stage)));
+          cp_async_16(dst, wk + int64_t{k} * cout + c, true);
+        }
       }
     };
 

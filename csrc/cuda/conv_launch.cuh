@@ -272,8 +272,9 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   const int64_t target_tiles = weight_grad_target_tiles(target_blocks, y * a.groups, max_tiles);
   // The atomic accumulator is zeroed by the schedule launch; the deterministic partials (sized by
   // the schedule's tile bound) are each written once.
+  const std::vector<int64_t> sizes{a.num_relations, a.groups, a.cin_g, a.cout_g};
   at::Tensor tile_ptr, buffer;
-  if (!deterministic) buffer = at::empty({a.num_relations, per_relation}, opts.dtype(acc));
+  if (!deterministic) buffer = at::empty(sizes, opts.dtype(acc));
   const int64_t tiles = schedule_tiles(rel_ptr, a.num_pairs, 0, target_tiles, Cfg::BK, tile_ptr, stream,
                                        deterministic ? nullptr : &buffer);
   a.tile_ptr = tile_ptr.const_data_ptr<int64_t>();
@@ -295,11 +296,16 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
     cuda::conv_weight_grad_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN><<<grid, kThreads, 0, stream>>>(a);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const std::vector<int64_t> sizes{a.num_relations, a.groups, a.cin_g, a.cout_g};
-  if (!deterministic) return buffer.view(sizes).to(out);
+  if (!deterministic && out == acc) return buffer;
   at::Tensor dw = at::empty(sizes, opts);
   const int64_t total = a.num_relations * per_relation;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
+  if (!deterministic) {  // out is T here (weight_grad_dtype: x's dtype or float32)
+    cuda::round_from_acc<T><<<blocks, 256, 0, stream>>>(reinterpret_cast<const acc_t<T>*>(buffer.const_data_ptr()),
+                                                        total, reinterpret_cast<T*>(dw.mutable_data_ptr()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return dw;
+  }
   cuda::weight_grad_reduce<T><<<blocks, 256, 0, stream>>>(reinterpret_cast<const acc_t<T>*>(buffer.const_data_ptr()),
                                                           a.tile_ptr, a.num_relations, per_relation,
                                                           reinterpret_cast<T*>(dw.mutable_data_ptr()));

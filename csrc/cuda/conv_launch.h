@@ -22,9 +22,10 @@ template <typename T, typename Idx>
 void forward_table(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream);
 
 // The Hopper wgmma table forward (conv_launch_wgmma.cu) when this device, build and shape take it;
-// false (nothing launched) otherwise. T: __half or __nv_bfloat16.
+// false (nothing launched) otherwise. T: __half or __nv_bfloat16. `weight_t`: a.weight is stored
+// transposed, [R, groups, cout_g, cin_g] (see contiguous_weight); only this kernel reads that layout.
 template <typename T>
-bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream);
+bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream, bool weight_t = false);
 
 // dW [R, G, C_in/G, C_out/G] in dtype `out` (deterministic: no atomics, bitwise reproducible).
 template <typename T, typename Idx>

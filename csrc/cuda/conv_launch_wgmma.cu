@@ -42,10 +42,10 @@ bool wgmma_available() {
   return built.load() == 1;
 }
 
-template <typename T, int BM, int BN, int kStages>
+template <typename T, int BM, int BN, int kStages, bool kWeightT>
 void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
-  using Cfg = cuda::WgmmaTableConfig<T, BM, BN, kStages>;
-  constexpr auto kernel = cuda::conv_forward_table_wgmma<T, BM, BN, kStages>;
+  using Cfg = cuda::WgmmaTableConfig<T, BM, BN, kStages, kWeightT>;
+  constexpr auto kernel = cuda::conv_forward_table_wgmma<T, BM, BN, kStages, kWeightT>;
   allow_dynamic_smem<kernel>(Cfg::kBytes);
   cuda::ConvTableArgs<T, int32_t> args = a;
   const int64_t row_tiles = (a.num_out + BM - 1) / BM;
@@ -80,25 +80,31 @@ void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
 //   registers a thread at 384 threads): 214 -> 252. Not taken.
 constexpr int64_t kWgmmaMaxRows = 100000;
 
+template <typename T, bool kWeightT>
+void launch_by_width(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+  if (a.cout_g % 256 == 0) {
+    launch<T, 128, 256, 3, kWeightT>(a, stream);
+  } else if (a.cout_g % 128 == 0) {
+    launch<T, 128, 128, 4, kWeightT>(a, stream);
+  } else {
+    launch<T, 128, 64, 3, kWeightT>(a, stream);
+  }
+}
+
 template <typename T>
-bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream, bool weight_t) {
   const int64_t ldx = int64_t{a.groups} * a.cin_g;
   if (a.cin_g % 64 != 0 || a.cout_g % 64 != 0 || a.num_out >= kWgmmaMaxRows || !a.vec_x || !a.vec_w ||
       !a.vec_out2 || ldx > std::numeric_limits<int32_t>::max() || int64_t{a.cout_g / 64} * a.groups > 65535 ||
       !wgmma_available()) {
     return false;
   }
-  if (a.cout_g % 256 == 0) {
-    launch<T, 128, 256, 3>(a, stream);
-  } else if (a.cout_g % 128 == 0) {
-    launch<T, 128, 128, 4>(a, stream);
-  } else {
-    launch<T, 128, 64, 3>(a, stream);
-  }
+  weight_t ? launch_by_width<T, true>(a, stream) : launch_by_width<T, false>(a, stream);
   return true;
 }
 
-template bool forward_table_wgmma<__half>(const cuda::ConvTableArgs<__half, int32_t>&, cudaStream_t);
-template bool forward_table_wgmma<__nv_bfloat16>(const cuda::ConvTableArgs<__nv_bfloat16, int32_t>&, cudaStream_t);
+template bool forward_table_wgmma<__half>(const cuda::ConvTableArgs<__half, int32_t>&, cudaStream_t, bool);
+template bool forward_table_wgmma<__nv_bfloat16>(const cuda::ConvTableArgs<__nv_bfloat16, int32_t>&, cudaStream_t,
+                                                 bool);
 
 }  // namespace relconv::launch

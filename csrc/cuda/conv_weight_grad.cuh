@@ -276,4 +276,14 @@ __global__ void weight_grad_reduce(const acc_t<T>* __restrict__ partial, const i
   }
 }
 
+// The atomic mode's accumulator rounded to T (`n` elements): one launch, where aten's to() costs
+// several ops of host time on every backward.
+template <typename T>
+__global__ void round_from_acc(const acc_t<T>* __restrict__ acc, int64_t n, T* __restrict__ out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = from_acc<T>(acc[i]);
+  }
+}
+
 }  // namespace relconv::cuda

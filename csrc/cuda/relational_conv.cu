@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "common/checks.h"
 #include "cuda/conv_launch.h"
 #include "cuda/device_buffers.h"
+#include "cuda/weight_transpose.cuh"
 
 namespace relconv {
 namespace {
@@ -101,17 +103,16 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
   const bool tf32 =
       x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS() && prop->major >= 8 && rows_fit;
   at::Tensor out = at::empty({num_out, s.groups * s.cout_g}, x.options());
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), tc = table.contiguous();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor xc = x.contiguous(), tc = table.contiguous();
   const std::optional<at::Tensor> oc = order.has_value() ? std::optional(order->contiguous()) : std::nullopt;
   const std::optional<at::Tensor> bc = bias.has_value() ? std::optional(bias->contiguous()) : std::nullopt;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_types(x.scalar_type(), table.scalar_type(), [&](auto t, auto i) {
     using T = decltype(t);
     using Idx = decltype(i);
     constexpr int V = cuda::kVecElems<T>;
     cuda::ConvTableArgs<T, Idx> a{};
     a.x = ptr<T>(xc);
-    a.weight = ptr<T>(wc);
     a.table = ptr<Idx>(tc);
     a.order = oc ? ptr<Idx>(*oc) : nullptr;
     a.bias = bc ? ptr<T>(*bc) : nullptr;
@@ -124,8 +125,18 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.cin_g = static_cast<int>(s.cin_g);
     a.cout_g = static_cast<int>(s.cout_g);
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
-    a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
     a.vec_out2 = s.cout_g % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * sizeof(T)) == 0;
+    if constexpr ((std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) && std::is_same_v<Idx, int32_t>) {
+      // The input gradient's W^T view: the wgmma kernel reads it as it is stored, with no copy.
+      if (s.cout_g >= 64 && stored_transposed(weight)) {
+        a.weight = ptr<T>(weight);
+        a.vec_w = s.cin_g % V == 0 && aligned16(a.weight);
+        if (launch::forward_table_wgmma<T>(a, stream, /*weight_t=*/true)) return;
+      }
+    }
+    const at::Tensor wc = contiguous_weight(weight, stream);
+    a.weight = ptr<T>(wc);
+    a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
     launch::forward_table<T, Idx>(a, tf32, stream);
   });
   return out;
@@ -165,7 +176,7 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
     return finish();
   }
   check_int32_channels(s);
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  const at::Tensor xc = x.contiguous(), wc = contiguous_weight(weight, stream);
   const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
   const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
 

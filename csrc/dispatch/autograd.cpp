@@ -136,7 +136,9 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       const at::Tensor weight = !cast.defined()            ? saved_weight
                                 : at::GradMode::is_enabled() ? saved_weight.to(x.scalar_type())  // recorded
                                                              : cast;
-      const at::Tensor weight_t = grouped_weight(weight).transpose(2, 3);
+      // W[r]^T per group in either layout (3-D or 4-D): one view, copied by the CUDA op in one launch
+      // (contiguous_weight).
+      const at::Tensor weight_t = weight.transpose(-2, -1);
       if (transposed_table.defined()) {  // saved only when given on CUDA
         grad_x = table_input_grad(grad, weight_t, transposed_table, transposed_order, table, table_order, num_in);
       } else {

@@ -79,3 +79,31 @@ def test_input_gradient_of_a_wide_layer_matches_the_reference(dtype, c):
     relational_conv_reference(xd, wd, rmap).backward(up.double())
     for got, want in ((x.grad, xd.grad), (w.grad, wd.grad)):
         assert (got.double() - want).abs().max() / want.abs().max() < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "groups, cin, cout", [(1, 64, 64), (1, 128, 256), (2, 128, 128), (1, 32, 32), (1, 64, 48)]
+)
+def test_a_transposed_weight_view_runs_as_its_copy(dtype, groups, cin, cout):
+    """The input gradient passes W^T as a view (autograd.cpp): the wgmma kernel reads it as stored,
+    other kernels get one transpose launch (contiguous_weight); either way the output is the one of
+    the contiguous copy, bit for bit."""
+    rmap = _map(seed=5)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(rmap.num_in, cin, generator=gen).to("cuda", dtype)
+    stored = torch.randn(27, groups, cout // groups, cin // groups, generator=gen).to("cuda", dtype)
+    views = [stored.transpose(-2, -1)]
+    if groups == 1:
+        views.append(stored.squeeze(1).transpose(-2, -1))
+    table = rmap.neighbor_table()
+    none = torch.empty(0, dtype=table.dtype, device="cuda")
+    ptr = torch.empty(0, dtype=torch.int64, device="cuda")
+    for w in views:
+        assert not w.is_contiguous()
+        got = _conv(x, w, none, none, ptr, None, rmap.num_out, table, None, None, False)
+        want = _conv(x, w.contiguous(), none, none, ptr, None, rmap.num_out, table, None, None, False)
+        assert torch.equal(got, want)
+    wgmma = _hopper() and dtype in (torch.float16, torch.bfloat16) and cin % 64 == 0 and cout % 64 == 0
+    kernels = _kernels(lambda: _conv(x, views[0], none, none, ptr, None, rmap.num_out, table, None, None, False))
+    assert any("transpose_matrices" in k for k in kernels) != wgmma
