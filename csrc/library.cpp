@@ -54,10 +54,13 @@
 //   hashed_strided_table(in_coords, kernel_size, step, out_step, check) -> (slots, out_coords,
 //            table): coord_hash, strided_coords (its one sync reads the new hash's error word when
 //            check) and kernel_map_table in one call; the table int32 while sizes allow.
-//   hashed_submanifold_table(coords, kernel_size, step, check, one_buffer) -> (slots, table):
-//            coord_hash and kernel_map_table of the coordinates against themselves in one call
-//            (with one_buffer, both in one allocation); with check, one host sync reads the new
-//            hash's error word and raises ValueError on bad coordinates.
+//   hashed_submanifold_table(coords, kernel_size, step, check, one_buffer) -> (slots, table,
+//            error): coord_hash and kernel_map_table of the coordinates against themselves in one
+//            call (with one_buffer, all three in one allocation); with check, one host sync reads
+//            the new hash's error word and raises ValueError on bad coordinates; without, the
+//            caller checks the returned word later (check_coords).
+//   check_coords(error) -> (): reads a coord_hash error word (one host sync) and raises
+//            ValueError for the problems it records.
 //
 // BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over
 // the N rows; weight, bias, running_mean, running_var [C] in one dtype: x's, or float32 for
@@ -100,7 +103,8 @@ TORCH_LIBRARY(relconv, m) {
       "bool check) -> (Tensor, Tensor, Tensor)");
   m.def(
       "hashed_submanifold_table(Tensor coords, int[3] kernel_size, int[3] step, bool check, "
-      "bool one_buffer) -> (Tensor, Tensor)");
+      "bool one_buffer) -> (Tensor, Tensor, Tensor)");
+  m.def("check_coords(Tensor error) -> ()");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "

@@ -413,39 +413,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hashed_strided_table_cuda(
 // a Python read of the error word (coord_hash, kernel_map_table, .item()): as hashed_strided_table,
 // because each op call and each read costs host time of its own on the fresh map of every scan. With
 // `check` the one sync reads the new hash's error word once the table kernel is queued and raises
-// on bad coordinates; without, the caller vouches for the rows. The table is int32 while the sizes
+// on bad coordinates; without, the caller checks the returned word before any result over the map
+// escapes (check_coords; a voxel conv does so just before its launch, so the sync overlaps the
+// host's preparation of the conv with the map kernels). The table is int32 while the sizes
 // allow (relconv.core.index_dtype_for's rule), else int64. `one_buffer` (a set that keeps its hash:
 // CoordIndex.RELEASE_ROWS) puts table, slots and error word in one int32 allocation set by one
 // memset: on the H100 host an allocation or a memset costs 4 to 10 us of host time, and a set that
-// keeps its hash frees it together with its maps anyway. Returns (slots, table).
-std::tuple<at::Tensor, at::Tensor> hashed_submanifold_table_cuda(const at::Tensor& coords,
-                                                                 at::IntArrayRef kernel_size, at::IntArrayRef step,
-                                                                 bool check, bool one_buffer) {
+// keeps its hash frees it together with its maps anyway. Returns (slots, table, error word).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> hashed_submanifold_table_cuda(const at::Tensor& coords,
+                                                                             at::IntArrayRef kernel_size,
+                                                                             at::IntArrayRef step, bool check,
+                                                                             bool one_buffer) {
   const at::Tensor c = row_major_coords(coords, "coords");
   const cuda::KernelGeometry g = geometry(kernel_size, step);
   const c10::cuda::CUDAGuard guard(c.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n = c.size(0), entries = n * g.volume;
   const bool narrow = entries <= std::numeric_limits<int32_t>::max();
-  at::Tensor slots, table, error_word;  // error_word: the split path's own
-  const int32_t* error = nullptr;
+  at::Tensor slots, table, error;
   if (one_buffer && narrow) {
     // int32 layout: table [n, K] | slots | error word, all ones (-1: no neighbour, empty slot).
     const int64_t capacity = hash_capacity(n);
     const at::Tensor buffer = memset_tensor({entries + capacity + 1}, c.options(), kAllOnes, stream);
     table = buffer.as_strided({n, g.volume}, {g.volume, 1}, 0);
     slots = buffer.as_strided({capacity}, {1}, entries);
-    int32_t* const word = buffer.mutable_data_ptr<int32_t>() + entries + capacity;
-    insert_rows(c, slots.mutable_data_ptr<int32_t>(), capacity, word, stream);
-    error = word;
+    error = buffer.as_strided({1}, {1}, entries + capacity);
+    insert_rows(c, slots.mutable_data_ptr<int32_t>(), capacity, error.mutable_data_ptr<int32_t>(), stream);
     fill_table(c, slots, c, symmetric_table(true, g), g, table, stream);
   } else {
-    std::tie(slots, error_word) = hash_rows(c, stream);
-    error = error_word.const_data_ptr<int32_t>();
+    std::tie(slots, error) = hash_rows(c, stream);
     table = table_kernel(c, slots, c, /*same_coords=*/true, g, narrow ? at::kInt : at::kLong);
   }
-  if (check) raise_coord_errors(~read_device_words(error, 1, stream)[0]);
-  return {slots, table};
+  if (check) raise_coord_errors(~read_device_words(error.const_data_ptr<int32_t>(), 1, stream)[0]);
+  return {slots, table, error};
+}
+
+// A coordinate set's deferred check (CoordIndex.ensure_valid): the error word of its hash, read
+// through the pinned buffer (aten's item() costs several ops more of host time).
+void check_coords_cuda(const at::Tensor& error) {
+  TORCH_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.is_cuda(),
+                    "error must be the int32 [1] CUDA error word of relconv::coord_hash");
+  const c10::cuda::CUDAGuard guard(error.device());
+  raise_coord_errors(~read_device_words(error.const_data_ptr<int32_t>(), 1, c10::cuda::getCurrentCUDAStream())[0]);
 }
 
 }  // namespace
@@ -459,6 +468,7 @@ TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
   m.impl("strided_coords", &strided_coords_cuda);
   m.impl("hashed_strided_table", &hashed_strided_table_cuda);
   m.impl("hashed_submanifold_table", &hashed_submanifold_table_cuda);
+  m.impl("check_coords", &check_coords_cuda);
 }
 
 }  // namespace relconv

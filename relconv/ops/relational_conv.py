@@ -93,6 +93,26 @@ def relational_conv(
         injective both ways (`rmap.injective`, voxel maps) the CUDA input gradient of that kernel
         is the same kernel over the transposed table (no atomics).
     """
+    return run_conv(conv_call(x, weight, rmap, groups, dataflow, bias, activation))
+
+
+def run_conv(call: tuple[tuple, tuple]) -> Tensor:
+    """Launches a convolution prepared by `conv_call`."""
+    return call_op(_C.relational_conv, _conv, *call)
+
+
+def conv_call(
+    x: Tensor,
+    weight: Tensor,
+    rmap: RelationalMap,
+    groups: int = 1,
+    dataflow: Dataflow = Dataflow.AUTO,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+) -> tuple[tuple, tuple]:
+    """`relational_conv` up to its launch: its arguments checked and the op's arguments (and the
+    tensors that may carry a `__torch_function__` override) returned for `run_conv`. Split so that a
+    caller can do host work between the two (relconv.voxel's deferred coordinate check)."""
     if not isinstance(rmap, RelationalMap):
         raise TypeError(f"rmap must be a RelationalMap, got {type(rmap).__name__}")
     if not isinstance(x, Tensor) or x.dim() != 2:
@@ -164,7 +184,7 @@ def relational_conv(
         transposed,
         transposed_order,
     )
-    return call_op(_C.relational_conv, _conv, args, (x, weight, b))
+    return args, (x, weight, b)
 
 
 # Multiply-adds per relation slot (rows * C_in * C_out), summed over the table forwards of a map,

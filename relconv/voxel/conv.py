@@ -29,8 +29,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from relconv.ops import relational_conv
-from relconv.ops.relational_conv import ACTIVATIONS
+from relconv.ops.relational_conv import ACTIVATIONS, conv_call, run_conv
 from relconv.voxel.maps import layer_map
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import Triple, registered, triple
@@ -99,14 +98,19 @@ def _conv3d(
         w = weight.squeeze(0)
         out = x.feats @ w if bias is None else torch.addmm(bias, x.feats, w)
         return x.replace_feature(out.relu_() if activation == "relu" else out)
-    # New CUDA coordinates are checked inside layer_map, once the map's table kernel is queued and
-    # before the conv is: the one sync then waits for the map alone, and the conv runs while the
-    # host goes on (checking after the conv made the host wait for it: fresh subm 3^3 C64 fp16 on an
-    # H100, queued 211 -> 175 us/call on the real scan, 226 -> 155 on the 64-beam one).
-    lm = layer_map(x, k, s, d, transposed, generative, indice_key)
+    lm = layer_map(x, k, s, d, transposed, generative, indice_key, defer_check=True)
     # Bias and ReLU go into the op: on CUDA's output-stationary path they are the kernel's epilogue.
-    out = relational_conv(x.feats, weight, lm.rmap, groups, bias=bias, activation=activation)
-    return VoxelTensor._trusted(out, lm.out_coords, lm.out_stride, lm.out_cache)
+    call = conv_call(x.feats, weight, lm.rmap, groups, bias=bias, activation=activation)
+    if lm.unchecked is not None:
+        # New CUDA coordinates are checked once the map's kernels and the host's preparation of the
+        # conv are queued and done, before the conv is queued: the one sync then waits for the map
+        # while the host works, and the conv runs while the host goes on. H100, fresh subm 3^3 C64
+        # fp16, in-process A/B (us, latency / queued), check inside the map op -> here: real scan
+        # 125 / 97 -> 111 / 77, 64-beam 161 / 132 -> 145 / 112, 32-beam 100 / 84 -> 93 / 77.
+        # (Checking after the conv's launch made the host wait for the conv: queued 211 -> 175 us
+        # on the real scan when it moved before it.)
+        lm.unchecked.ensure_valid()
+    return VoxelTensor._trusted(run_conv(call), lm.out_coords, lm.out_stride, lm.out_cache)
 
 
 class Conv3d(nn.Module):

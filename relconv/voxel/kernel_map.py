@@ -39,6 +39,7 @@ _KERNEL_MAP_TABLE = torch.ops.relconv.kernel_map_table.default
 _STRIDED_COORDS = torch.ops.relconv.strided_coords.default
 _HASHED_STRIDED_TABLE = torch.ops.relconv.hashed_strided_table.default
 _HASHED_SUBMANIFOLD_TABLE = torch.ops.relconv.hashed_submanifold_table.default
+_CHECK_COORDS = torch.ops.relconv.check_coords.default
 
 
 class CoordIndex:
@@ -89,12 +90,15 @@ class CoordIndex:
         """Whether the hash table is built (and not given back, see `map_built`)."""
         return self._slots is not None
 
-    def adopt_checked(self, slots: Tensor) -> None:
-        """Keeps the hash table of these coordinates that an op built and checked
-        (`hashed_submanifold_table`, `hashed_strided_table`)."""
+    def adopt(self, slots: Tensor, error: Tensor | None) -> None:
+        """Keeps the hash table of these coordinates that an op built (`hashed_submanifold_table`,
+        `hashed_strided_table`) and, while the set is unchecked, that hash's error word (None: the op
+        checked it)."""
         self._slots = slots
-        self.validated = True
-        self._error = None
+        if error is None:
+            self.validated, self._error = True, None
+        elif not self.validated:
+            self._error = error
 
     def ensure_valid(self) -> None:
         """Raises ValueError for duplicate rows or negative batch indices (one sync, first call only).
@@ -102,14 +106,7 @@ class CoordIndex:
         error = self.pending_error()
         if error is None:
             return
-        bits = ~int(error.item())  # the word starts all ones; a kernel clears a bit per problem
-        if bits & 2:
-            raise ValueError("coords batch indices (column 0) must be non-negative")
-        if bits & 1:
-            raise ValueError(
-                "coords contain duplicate (batch, x, y, z) rows; merge them first with "
-                "VoxelTensor.coalesce() or voxelize()"
-            )
+        _CHECK_COORDS(error)
         self.validated = True
         self._error = None
 
@@ -232,11 +229,11 @@ def submanifold_map(
     step = tuple(d * t for d, t in zip(dilation, tensor_stride, strict=True))
     if coords.is_cuda:
         index = _index_for(coords, index)
-        if validate and not index.hashed:  # hash, table and check in one op call
-            check, keeps_hash = not index.validated, coords.shape[0] < index.RELEASE_ROWS
+        if not index.hashed:  # hash, table and (validate) check in one op call
+            check, keeps_hash = validate and not index.validated, coords.shape[0] < index.RELEASE_ROWS
             # A set that keeps its hash gets table and hash in one allocation.
-            slots, table = _HASHED_SUBMANIFOLD_TABLE(coords, kernel_size, step, check, keeps_hash)
-            index.adopt_checked(slots)
+            slots, table, error = _HASHED_SUBMANIFOLD_TABLE(coords, kernel_size, step, check, keeps_hash)
+            index.adopt(slots, None if check else error)
             return _from_table(table, index)
         return _table_map(coords, index, coords, kernel_size, step, validate)
     lo, hi = bounds(coords)
@@ -291,7 +288,7 @@ def strided_map(
             if not index.hashed:  # hash, coarse sites, check and table in one op call
                 check = not index.validated
                 slots, out_coords, table = _HASHED_STRIDED_TABLE(coords, kernel_size, step, out_step, check)
-                index.adopt_checked(slots)
+                index.adopt(slots, None)
                 return _from_table(table, index), out_coords
             out_coords = _STRIDED_COORDS(coords, out_step, index.pending_error())
             index.validated = True

@@ -19,12 +19,14 @@ from relconv.voxel.utils import Triple
 
 
 class LayerMap(NamedTuple):
-    """What a layer runs: the map, and the coordinates, stride and cache of its output."""
+    """What a layer runs: the map, the coordinates, stride and cache of its output, and (with
+    `layer_map(defer_check=True)`) the input's coordinate index whose check is still to run."""
 
     rmap: RelationalMap
     out_coords: Tensor
     out_stride: Triple
     out_cache: MapCache
+    unchecked: km.CoordIndex | None = None
 
 
 def layer_map(
@@ -35,13 +37,16 @@ def layer_map(
     transposed: bool = False,
     generative: bool = False,
     indice_key: str | None = None,
+    defer_check: bool = False,
 ) -> LayerMap:
     """The map a conv/pool layer applies to `x`, from the cache or freshly built (then cached).
 
     A plain transposed conv outputs the coordinates the matching strided conv started from; a
     generative one outputs new coordinates and so starts a new cache for them.
     A new CUDA coordinate set is checked (duplicates, batch indices: one host sync) before this
-    returns, so nothing computed over a bad set is ever queued.
+    returns, so nothing computed over a bad set is ever queued; with `defer_check` a submanifold
+    map's check is left to the caller instead (`LayerMap.unchecked.ensure_valid()`, before it queues
+    work over the map: the map's kernels then run while the host prepares that work).
     """
     cache = x.cache
     named = cache.named.get(indice_key) if indice_key is not None else None
@@ -55,13 +60,20 @@ def layer_map(
         rmap = entry.rmap
     if indice_key is not None:
         cache.named.setdefault(indice_key, entry)
+    # Only a submanifold build leaves its input unchecked (_forward_entry); a check that raised
+    # leaves it so for the next layer too.
+    index = cache.indexes.get(x.stride)
+    unchecked = index if index is not None and not index.validated and index.coords is x.coords else None
+    if unchecked is not None and not defer_check:
+        unchecked.ensure_valid()
+        unchecked = None
     if transposed and not generative:
-        return LayerMap(rmap, entry.in_coords, entry.in_stride, cache)
+        return LayerMap(rmap, entry.in_coords, entry.in_stride, cache, unchecked)
     if generative:
         fresh = MapCache()
         fresh.coords[entry.out_stride] = entry.out_coords
-        return LayerMap(rmap, entry.out_coords, entry.out_stride, fresh)
-    return LayerMap(rmap, entry.out_coords, entry.out_stride, cache)
+        return LayerMap(rmap, entry.out_coords, entry.out_stride, fresh, unchecked)
+    return LayerMap(rmap, entry.out_coords, entry.out_stride, cache, unchecked)
 
 
 def _forward_entry(x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: bool) -> MapEntry:
@@ -80,7 +92,7 @@ def _forward_entry(x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: 
         entry = MapEntry(rmap, x.coords, ts, out, tuple(t // si for t, si in zip(ts, s, strict=True)))
     elif s == (1, 1, 1):
         index = x.cache.coord_index(x.coords, ts)
-        rmap = km.submanifold_map(x.coords, k, d, ts, index=index)
+        rmap = km.submanifold_map(x.coords, k, d, ts, index=index, validate=False)  # see layer_map
         entry = MapEntry(rmap, x.coords, ts, x.coords, ts)
     else:
         out_ts = tuple(t * si for t, si in zip(ts, s, strict=True))

@@ -5,7 +5,7 @@ import torch
 from voxel_markers import requires_cuda
 
 from relconv.ops import relational_conv
-from relconv.voxel import VoxelTensor
+from relconv.voxel import Conv3d, VoxelTensor
 from relconv.voxel import kernel_map as km
 from relconv.voxel.maps import layer_map
 from tests.conftest import no_host_sync
@@ -144,13 +144,14 @@ def test_one_buffer_table_and_hash_equal_the_split_ones(kernel):
     ref = km.submanifold_map(coords.cpu(), (5, 5, 5), (1, 1, 1), (1, 1, 1)).neighbor_table().long()
     tables = []
     for one_buffer in (False, True):
-        slots, table = op(coords, kernel, (1, 1, 1), True, one_buffer)
+        slots, table, error = op(coords, kernel, (1, 1, 1), True, one_buffer)
+        torch.ops.relconv.check_coords(error)  # the word of a good set: no problem recorded
         tables.append(table.cpu())
         later = table_op(coords, slots, coords, (5, 5, 5), (1, 1, 1), torch.int32)
         assert torch.equal(later.cpu().long(), ref)
     assert torch.equal(tables[0], tables[1]) and tables[1].dtype == torch.int32
     empty = coords[:0]
-    slots, table = op(empty, (3, 3, 3), (1, 1, 1), True, True)
+    slots, table, _ = op(empty, (3, 3, 3), (1, 1, 1), True, True)
     assert table.shape == (0, 27) and slots.numel() > 0
 
 
@@ -267,3 +268,29 @@ def test_large_sets_release_their_hash_and_rebuild_it(monkeypatch):
     assert bad._slots is None and bad.pending_error() is not None
     with pytest.raises(ValueError, match="duplicate"):
         bad.ensure_valid()
+
+
+@pytest.mark.parametrize("bad", ["duplicate", "negative_batch"])
+def test_a_fresh_conv_checks_its_coordinates_before_its_launch(bad):
+    """Conv3d leaves a new set's check to just before its launch (layer_map(defer_check=True)): bad
+    coordinates still raise, before the conv is queued, and again on the next call; a good set is
+    checked once, and its conv equals the CPU one."""
+    coords = scene(n=300, seed=16)
+    if bad == "duplicate":
+        coords, match = torch.cat([coords, coords[:1]]), "duplicate"
+    else:
+        coords[7, 0], match = -1, "non-negative"
+    conv = Conv3d(4, 8, 3).cuda()
+    x = VoxelTensor(torch.randn(len(coords), 4, device="cuda"), coords.cuda())
+    for _ in range(2):
+        with pytest.raises(ValueError, match=match):
+            conv(x)
+    good = scene(n=300, seed=17)
+    feats = torch.randn(len(good), 4)
+    y = conv(VoxelTensor(feats.cuda(), good.cuda()))
+    assert y.cache.indexes[(1, 1, 1)].validated
+    again = y.replace_feature(feats.cuda())
+    with no_host_sync():
+        conv(again)
+    want = conv.cpu()(VoxelTensor(feats, good))
+    torch.testing.assert_close(y.feats.cpu(), want.feats, rtol=1e-4, atol=1e-4)
