@@ -185,7 +185,8 @@ void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream
 // of 64; the weight slabs are most of the kernel's L2 traffic there (ncu, 3.5M-voxel scene: 12.3 GB
 // through L2 for 2.7 GB from DRAM). Kernel us, cached subm 3^3 C64 fp16, 64 x 64 -> 128 x 64: 75k
 // rows 47.8 -> 48.3, 171k 112.7 -> 101.7, 3.5M 2194 -> 1792 (spconv 1930). Below kTallTileRows the
-// smaller tiles keep more blocks per SM.
+// smaller tiles keep more blocks per SM. Session 11 (same kernel, us): 3 stages 171k 92 -> 109, 3.5M
+// 1797 -> 2110; 256 x 64 tiles (64 x 32 warp tiles) 159 / 3145. Not taken.
 constexpr int64_t kTallTileRows = 100000;
 
 template <typename T, typename Idx>
