@@ -109,3 +109,17 @@ def test_a_transposed_weight_view_runs_as_its_copy(dtype, groups, cin, cout):
     wgmma = _hopper() and dtype in (torch.float16, torch.bfloat16) and cin % 64 == 0 and cout % 64 == 0
     kernels = _kernels(lambda: run(views[0]))
     assert any("transpose_matrices" in k for k in kernels) != wgmma
+
+
+def test_other_strided_weights_run_as_their_copy():
+    """A non-contiguous weight that is not a transpose (a slice) takes aten's copy: same output."""
+    rmap = _map(seed=6)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(rmap.num_in, 64, generator=gen).to("cuda", torch.float16)
+    w = torch.randn(27, 64, 128, generator=gen).to("cuda", torch.float16)[:, :, ::2]
+    table = rmap.neighbor_table()
+    none = torch.empty(0, dtype=table.dtype, device="cuda")
+    ptr = torch.empty(0, dtype=torch.int64, device="cuda")
+    got = _conv(x, w, none, none, ptr, None, rmap.num_out, table, None, None, False)
+    want = _conv(x, w.contiguous(), none, none, ptr, None, rmap.num_out, table, None, None, False)
+    assert torch.equal(got, want)
