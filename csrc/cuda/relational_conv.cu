@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -54,6 +55,48 @@ void check_int32_channels(const ConvShape& s) {
   TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
                   s.groups <= std::numeric_limits<int32_t>::max(),
               "relconv CUDA kernels: channel counts must fit int32");
+}
+
+// Whether `weight` (not contiguous) is the transpose of a contiguous tensor's last two dimensions:
+// storage [..., size(d - 1), size(d - 2)] row-major, the input gradient's W^T.
+bool stored_transposed(const at::Tensor& weight) {
+  const int64_t d = weight.dim();
+  if (d < 2 || weight.is_contiguous()) return false;
+  const int64_t cols = weight.size(d - 2), rows = weight.size(d - 1);
+  bool transposed = weight.stride(d - 2) == 1 && weight.stride(d - 1) == cols;
+  for (int64_t k = d - 3, expected = rows * cols; k >= 0 && transposed; expected *= weight.size(k), --k) {
+    transposed = weight.size(k) == 1 || weight.stride(k) == expected;
+  }
+  return transposed;
+}
+
+// `weight` as a contiguous tensor of its own shape. A transposed one (stored_transposed) is copied by
+// one transpose launch; any other non-contiguous layout falls back to aten.
+at::Tensor contiguous_weight(const at::Tensor& weight, cudaStream_t stream) {
+  const int64_t d = weight.dim();
+  if (!stored_transposed(weight) || weight.numel() == 0) return weight.contiguous();
+  // The storage holds [..., rows, cols] row-major.
+  const int64_t cols = weight.size(d - 2), rows = weight.size(d - 1);
+  if ((rows + 31) / 32 > 65535 || cols > std::numeric_limits<int32_t>::max()) return weight.contiguous();
+  at::Tensor out = at::empty(weight.sizes(), weight.options());
+  const int64_t mats = weight.numel() / (rows * cols);
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32),
+                  static_cast<unsigned>(std::min<int64_t>(mats, 65535)));
+  const dim3 block(32, 8);
+  const auto launch = [&](auto element) {
+    using E = decltype(element);
+    cuda::transpose_matrices<E><<<grid, block, 0, stream>>>(reinterpret_cast<const E*>(weight.const_data_ptr()),
+                                                            reinterpret_cast<E*>(out.mutable_data_ptr()), mats,
+                                                            static_cast<int>(rows), static_cast<int>(cols));
+  };
+  switch (weight.element_size()) {
+    case 2: launch(uint16_t{}); break;
+    case 4: launch(uint32_t{}); break;
+    case 8: launch(uint64_t{}); break;
+    default: return weight.contiguous();
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
 }
 
 // The pair-list fields shared by the forward and weight-gradient argument structs.
