@@ -111,6 +111,11 @@ HostWords read_words(const int32_t* device, cudaStream_t stream) {
   return HostWords{words[0], words[1]};
 }
 
+// Reads a coordinate hash's error word (one host sync) and raises for the problems it records.
+void raise_word_errors(const at::Tensor& error, cudaStream_t stream) {
+  raise_coord_errors(~read_device_words(error.const_data_ptr<int32_t>(), 1, stream)[0]);
+}
+
 // Inserts the rows of `c` into `capacity` slots and the error word, both preset to all ones.
 void insert_rows(const at::Tensor& c, int32_t* slots, int64_t capacity, int32_t* error, cudaStream_t stream) {
   static_assert(cuda::kEmptySlot == -1, "empty slots are set bytewise to 0xFF");
@@ -444,7 +449,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hashed_submanifold_table_cuda(con
     std::tie(slots, error) = hash_rows(c, stream);
     table = table_kernel(c, slots, c, /*same_coords=*/true, g, narrow ? at::kInt : at::kLong);
   }
-  if (check) raise_coord_errors(~read_device_words(error.const_data_ptr<int32_t>(), 1, stream)[0]);
+  if (check) raise_word_errors(error, stream);
   return {slots, table, error};
 }
 
@@ -454,7 +459,7 @@ void check_coords_cuda(const at::Tensor& error) {
   TORCH_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.is_cuda(),
                     "error must be the int32 [1] CUDA error word of relconv::coord_hash");
   const c10::cuda::CUDAGuard guard(error.device());
-  raise_coord_errors(~read_device_words(error.const_data_ptr<int32_t>(), 1, c10::cuda::getCurrentCUDAStream())[0]);
+  raise_word_errors(error, c10::cuda::getCurrentCUDAStream());
 }
 
 }  // namespace
