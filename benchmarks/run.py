@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup_seconds is not None
         else (0.0 if args.tiny else 0.3),
         runs=args.runs or (3 if args.tiny else 20),
+        queued_blocks=1 if args.tiny else 5,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     ceilings = {dev: measure_ceilings(torch.device(dev), args.tiny) for dev in _all_devices(plan)}
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in suites:
         peers.update(_peers(SUITES[name], args.peers))
     env = report.environment(device, peers, ceilings)
+    env["queued_blocks"] = timing.queued_blocks  # 1 before session 12 (2026-11-23)
     json_path = args.out / "results.json"
     # The case in flight, so that a process killed by a segfault in a native extension can be
     # resumed (`--resume`) without running that case again.

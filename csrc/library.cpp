@@ -79,6 +79,7 @@
 #include <torch/library.h>
 
 #include "common/build_info.h"
+#include "dispatch/conv_plan.h"
 #include "dispatch/ops.h"
 
 TORCH_LIBRARY(relconv, m) {
@@ -134,4 +135,5 @@ PYBIND11_MODULE(_C, m) {
   // relational_conv call on a CPU host (13 arguments).
   def_direct(m, "relational_conv", relconv::conv_op());
   def_direct(m, "batch_norm_act", relconv::batch_norm_op());
+  relconv::def_conv_plan(m);
 }

@@ -3,8 +3,12 @@
 Two numbers per case, because they answer different questions:
 - latency: one call, then a device synchronisation, timed around call + sync. What a user waiting
   for one scan feels; host overheads (Python, launches, host syncs) count in full.
-- throughput: `runs` calls queued back to back, one sync at the end, total / runs. Host work of
-  call i overlaps GPU work of call i - 1, so a host-bound library looks better here than in latency.
+- throughput: `runs` calls queued back to back, one sync at the end, total / runs; the median of
+  `queued_blocks` such blocks. Host work of call i overlaps GPU work of call i - 1, so a host-bound
+  library looks better here than in latency. A median of blocks, because the GPU hosts stall a
+  host thread now and then for 10-50 ms, in every library's loops (spconv's and relconv's alike,
+  with Python's garbage collector on or off: benchmarks/README.md), and one stall in a single
+  40-call block added up to a millisecond to every call's share.
 Warm-up runs by count *and* by time so that peers' autotuners (spconv, WarpConvNet) finish before
 the first timed run. Inputs are rotated through several copies so the L2 cache never holds the
 previous run's data. GPU latency uses a CUDA event pair per call; CPU uses perf_counter.
@@ -25,6 +29,7 @@ class TimingConfig:
     warmup_runs: int = 5
     warmup_seconds: float = 0.5
     runs: int = 20
+    queued_blocks: int = 5
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class Timing:
     latency_ms: float  # median of per-call latencies (sync after every call)
     p20_ms: float
     p80_ms: float
-    throughput_ms: float  # total time of `runs` queued calls / runs
+    throughput_ms: float  # total time of `runs` queued calls / runs, median over queued_blocks
     runs: int
     peak_mem_mib: float | None
 
@@ -142,7 +147,11 @@ def measure(
     _sync(device)
     peak = peak_extra_memory_mib(fn, inputs[0], device)
     times = latencies_ms(fn, inputs, device, config.runs, start=i)
-    queued = throughput_ms(fn, inputs, device, config.runs, start=i + config.runs)
+    blocks = [
+        throughput_ms(fn, inputs, device, config.runs, start=i + config.runs * (1 + b))
+        for b in range(config.queued_blocks)
+    ]
+    queued = statistics.median(blocks)
     return Timing(
         latency_ms=statistics.median(times),
         p20_ms=_percentile(times, 0.2),

@@ -33,13 +33,16 @@ class MapCache:
     `coords` holds the coordinates at each tensor stride reached so far (a transposed conv finds its
     output coordinates here), `maps` the maps keyed by (kind, tensor stride, kernel size, conv stride,
     dilation), `named` the maps registered under an `indice_key` and `indexes` the CUDA hash table
-    and validation state of the coordinates at each tensor stride.
+    and validation state of the coordinates at each tensor stride. `plans` holds, per `Conv3d` that
+    ran more than once over these coordinates, its prepared call (`relconv.voxel.conv.LayerPlan`),
+    keyed by the module's id.
     """
 
     coords: dict[Triple, Tensor] = field(default_factory=dict)
     maps: dict[tuple, MapEntry] = field(default_factory=dict)
     named: dict[str, MapEntry] = field(default_factory=dict)
     indexes: dict[Triple, CoordIndex] = field(default_factory=dict)
+    plans: dict[int, object] = field(default_factory=dict)
 
     def coord_index(self, coords: Tensor, stride: Triple) -> CoordIndex | None:
         """The `CoordIndex` of CUDA `coords` at tensor stride `stride` (created once); None on CPU."""

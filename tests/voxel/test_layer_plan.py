@@ -1,0 +1,202 @@
+"""Conv3d's prepared calls (relconv.voxel.conv.LayerPlan): a layer that runs again over the same
+coordinates runs its stored op call, which must give what preparing the call again gives, and must
+step aside whenever the call state it was made under changes."""
+
+import copy
+
+import pytest
+import torch
+from voxel_markers import requires_cuda
+from voxel_refs import random_voxels
+
+import relconv.voxel.conv as conv_module
+from relconv.voxel import Conv3d, VoxelTensor
+
+
+def _scene(device="cpu", dtype=torch.float32, channels=8):
+    x = random_voxels(300, 8, channels, batch=2, seed=3).to(device)
+    return x.replace_feature(x.feats.to(dtype))
+
+
+def _unplanned(conv, x):
+    """The layer's output over a fresh cache: every call prepared from scratch."""
+    return conv(VoxelTensor(x.feats, x.coords, x.stride))
+
+
+def _plan_of(conv, x):
+    plan = x.cache.plans.get(id(conv))
+    return None if plan is None else plan.run
+
+
+def test_second_call_stores_the_plan_and_later_calls_match():
+    x = _scene()
+    conv = Conv3d(8, 16, 3, bias=True, activation="relu")
+    with torch.no_grad():
+        first = conv(x)
+        assert _plan_of(conv, x) is None  # a first call over these coordinates only leaves a mark
+        conv(x)
+        assert _plan_of(conv, x) is not None
+        planned = conv(x.replace_feature(x.feats * 2))
+        expected = _unplanned(conv, x.replace_feature(x.feats * 2))
+    torch.testing.assert_close(planned.feats, expected.feats)
+    assert planned.coords is first.coords and planned.stride == first.stride and planned.cache is x.cache
+
+
+def test_planned_call_is_the_prepared_one(monkeypatch):
+    """With the plan's op call replaced by a spy, the layer's third call goes through it."""
+    x = _scene()
+    conv = Conv3d(8, 8, 3)
+    with torch.no_grad():
+        conv(x)
+        conv(x)
+    calls = []
+    real = x.cache.plans[id(conv)]
+    spy = real._replace(run=lambda *a: calls.append(a) or real.run(*a))
+    x.cache.plans[id(conv)] = spy
+    with torch.no_grad():
+        conv(x)
+    assert len(calls) == 1 and calls[0][0] is x.feats
+
+
+def test_one_forward_per_scan_builds_no_plans():
+    conv = Conv3d(8, 8, 3)
+    with torch.no_grad():
+        for seed in range(3):
+            x = random_voxels(200, 8, 8, seed=seed, dtype=torch.float32)
+            conv(x)
+            assert _plan_of(conv, x) is None
+
+
+def test_grad_mode_and_requires_grad_changes_fall_back():
+    x = _scene()
+    conv = Conv3d(8, 8, 3)
+    with torch.no_grad():
+        conv(x)
+        conv(x)
+    assert _plan_of(conv, x) is not None
+    feats = x.feats.clone().requires_grad_()
+    y = conv(x.replace_feature(feats))  # grad mode on: the no-grad plan must not run (no graph)
+    assert y.feats.requires_grad
+    g = torch.randn_like(y.feats)
+    y.feats.backward(g)
+    ref_feats = x.feats.clone().requires_grad_()
+    ref_conv = copy.deepcopy(conv)
+    ref_conv.weight.grad = None
+    _unplanned(ref_conv, x.replace_feature(ref_feats)).feats.backward(g)
+    torch.testing.assert_close(feats.grad, ref_feats.grad)
+    # Training calls take their own plan, and it records the graph too.
+    for _ in range(2):
+        conv.weight.grad = None
+        out = conv(x.replace_feature(feats))
+        out.feats.backward(g)
+    torch.testing.assert_close(conv.weight.grad, ref_conv.weight.grad)
+
+
+def test_dtype_and_weight_changes_fall_back():
+    x = _scene(dtype=torch.float64)
+    conv = Conv3d(8, 8, 3).double()
+    with torch.no_grad():
+        conv(x)
+        conv(x)
+        conv.float()
+        y = conv(x.replace_feature(x.feats.float()))
+        assert y.feats.dtype == torch.float32
+        torch.testing.assert_close(y.feats, _unplanned(conv, x.replace_feature(x.feats.float())).feats)
+        conv.weight = torch.nn.Parameter(torch.randn(27, 8, 4))
+        y = conv(x.replace_feature(x.feats.float()))
+        assert y.feats.shape == (len(x), 4)
+
+
+def test_wrong_input_still_gets_the_prepared_error():
+    x = _scene()
+    conv = Conv3d(8, 8, 3)
+    with torch.no_grad():
+        conv(x)
+        conv(x)
+        bad = VoxelTensor._trusted(x.feats[:, :4], x.coords, x.stride, x.cache)
+        with pytest.raises(ValueError, match="channels"):
+            conv(bad)
+
+
+def test_a_plan_is_never_run_by_another_module_under_its_id():
+    """Plans are keyed by module id; an id reused after a module dies must not find its plan."""
+    x = _scene()
+    a, b = Conv3d(8, 8, 3, dilation=1), Conv3d(8, 8, 3, dilation=2)
+    with torch.no_grad():
+        b.weight.copy_(a.weight)
+        a(x)
+        a(x)
+        x.cache.plans[id(b)] = x.cache.plans.pop(id(a))  # as if b had a's id
+        out = b(x)
+        expected = _unplanned(b, x)
+    torch.testing.assert_close(out.feats, expected.feats)
+
+
+def test_copied_modules_keep_their_own_plans():
+    x = _scene()
+    a = Conv3d(8, 8, 3)
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        b.weight.mul_(-1)
+        for _ in range(3):
+            ya, yb = a(x), b(x)
+    torch.testing.assert_close(ya.feats, -yb.feats)
+
+
+def test_a_bias_that_needs_a_cast_is_prepared_every_call():
+    x = _scene()
+    conv = Conv3d(8, 8, 3, bias=True)
+    conv.bias.data = conv.bias.data.double()
+    with torch.no_grad():
+        for _ in range(3):
+            y = conv(x)
+    assert _plan_of(conv, x) is None
+    torch.testing.assert_close(y.feats, _unplanned(conv, x).feats)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels", [16, 64])
+@requires_cuda[0]
+@requires_cuda[1]
+def test_cuda_planned_training_steps_match_prepared_ones(dtype, channels, monkeypatch):
+    x = _scene("cuda", dtype, channels)
+    conv = Conv3d(channels, channels, 3, bias=True).to("cuda", dtype)
+    ref = copy.deepcopy(conv)
+    feats = x.feats.clone().requires_grad_()
+    g = torch.randn(len(x), channels, device="cuda", dtype=dtype)
+    # Enough calls for the map's table schedules to be decided and the plan to be stored.
+    for _ in range(12):
+        conv.zero_grad()
+        feats.grad = None
+        out = conv(x.replace_feature(feats))
+        out.feats.backward(g)
+    assert _plan_of(conv, x) is not None
+    monkeypatch.setattr(conv_module, "_plan", lambda *a: None)  # the reference prepares every call
+    ref_feats = x.feats.clone().requires_grad_()
+    ref_x = VoxelTensor(x.feats, x.coords)
+    for _ in range(12):
+        ref.zero_grad()
+        ref_out = ref(ref_x.replace_feature(ref_feats))
+    ref_out.feats.backward(g)
+    # The table kernels' results do not depend on the schedule (the plan's is sorted, the
+    # reference's may not be yet): bitwise equal. The weight gradient accumulates with atomics.
+    assert torch.equal(out.feats, ref_out.feats)
+    assert torch.equal(feats.grad, ref_feats.grad) and torch.equal(conv.bias.grad, ref.bias.grad)
+    torch.testing.assert_close(conv.weight.grad, ref.weight.grad, rtol=2e-2, atol=2e-2)
+
+
+@requires_cuda[0]
+@requires_cuda[1]
+def test_cuda_plan_steps_aside_under_autocast():
+    x = _scene("cuda", torch.float32, 64)
+    conv = Conv3d(64, 64, 3).cuda()
+    with torch.no_grad():
+        for _ in range(12):
+            conv(x)
+        assert _plan_of(conv, x) is not None
+        with torch.autocast("cuda", dtype=torch.float16):
+            y = conv(x)
+        assert y.feats.dtype == torch.float16
+        with torch.autocast("cuda", dtype=torch.float16):
+            ref = _unplanned(conv, x)
+    assert torch.equal(y.feats, ref.feats)
