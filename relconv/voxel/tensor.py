@@ -44,6 +44,10 @@ class MapCache:
     indexes: dict[Triple, CoordIndex] = field(default_factory=dict)
     plans: dict[int, object] = field(default_factory=dict)
 
+    def __getstate__(self) -> dict:
+        # A plan is a C++ call bound to modules of this process: copies and pickles start without.
+        return {**self.__dict__, "plans": {}}
+
     def coord_index(self, coords: Tensor, stride: Triple) -> CoordIndex | None:
         """The `CoordIndex` of CUDA `coords` at tensor stride `stride` (created once); None on CPU."""
         if not coords.is_cuda:

@@ -3,6 +3,7 @@ coordinates runs its stored op call, which must give what preparing the call aga
 step aside whenever the call state it was made under changes."""
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -141,6 +142,18 @@ def test_copied_modules_keep_their_own_plans():
         for _ in range(3):
             ya, yb = a(x), b(x)
     torch.testing.assert_close(ya.feats, -yb.feats)
+
+
+def test_copies_and_pickles_of_a_tensor_start_without_plans():
+    x = _scene()
+    conv = Conv3d(8, 8, 3)
+    with torch.no_grad():
+        for _ in range(3):
+            y = conv(x)
+        assert _plan_of(conv, x) is not None
+        for other in (copy.deepcopy(x), pickle.loads(pickle.dumps(x))):
+            assert other.cache.plans == {}
+            torch.testing.assert_close(conv(other).feats, y.feats)
 
 
 def test_a_bias_that_needs_a_cast_is_prepared_every_call():
