@@ -12,6 +12,7 @@ from voxel_refs import random_voxels
 
 import relconv.voxel.conv as conv_module
 from relconv.voxel import Conv3d, VoxelTensor
+from tests.conftest import no_host_sync
 
 
 def _scene(device="cpu", dtype=torch.float32, channels=8):
@@ -213,3 +214,18 @@ def test_cuda_plan_steps_aside_under_autocast():
         with torch.autocast("cuda", dtype=torch.float16):
             ref = _unplanned(conv, x)
     assert torch.equal(y.feats, ref.feats)
+
+
+@requires_cuda[0]
+@requires_cuda[1]
+def test_cuda_plan_build_and_planned_calls_do_not_sync():
+    """Marking, storing (with the schedules' sort) and running a plan queue work without a host sync."""
+    x = _scene("cuda", torch.float16, 64)
+    conv = Conv3d(64, 64, 3).to("cuda", torch.float16)
+    with torch.no_grad():
+        conv(x)  # builds the map and checks the new coordinates: the one sync
+        with no_host_sync():
+            for _ in range(4):
+                y = conv(x)
+        assert _plan_of(conv, x) is not None
+        torch.testing.assert_close(y.feats, _unplanned(conv, x).feats, rtol=0, atol=0)
