@@ -31,13 +31,14 @@ def test_direct_conv_entry_matches_torch_ops_forward_and_backward(device):
     args = _conv_args(device, requires_grad=True)
     x, w, b = args[0], args[1], args[9]
     direct, boxed = _ext._C.relational_conv(*args), CONV(*args)
-    # A pair list scatters with atomics on CUDA, so two runs of one kernel agree only to rounding.
-    torch.testing.assert_close(direct, boxed, rtol=1e-6, atol=1e-6)
+    # A pair list scatters with atomics on CUDA, so two runs of one kernel agree only to rounding:
+    # a few fp32 ulps of the sums (3.3e-6 on a value of 1.1 in one GPU run).
+    torch.testing.assert_close(direct, boxed, rtol=1e-5, atol=1e-5)
     up = torch.randn_like(direct)
     grads_direct = torch.autograd.grad(direct, (x, w, b), up)
     grads_boxed = torch.autograd.grad(boxed, (x, w, b), up)
     for got, want in zip(grads_direct, grads_boxed, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
