@@ -30,6 +30,14 @@ def _plan_of(conv, x):
     return None if plan is None else plan.run
 
 
+def _planned(conv, x):
+    """Two no-grad calls: the first marks the layer, the second stores its plan."""
+    with torch.no_grad():
+        conv(x)
+        conv(x)
+    assert _plan_of(conv, x) is not None
+
+
 def test_second_call_stores_the_plan_and_later_calls_match():
     x = _scene()
     conv = Conv3d(8, 16, 3, bias=True, activation="relu")
@@ -48,9 +56,7 @@ def test_planned_call_is_the_prepared_one(monkeypatch):
     """With the plan's op call replaced by a spy, the layer's third call goes through it."""
     x = _scene()
     conv = Conv3d(8, 8, 3)
-    with torch.no_grad():
-        conv(x)
-        conv(x)
+    _planned(conv, x)
     calls = []
     real = x.cache.plans[id(conv)]
     spy = real._replace(run=lambda *a: calls.append(a) or real.run(*a))
@@ -72,10 +78,7 @@ def test_one_forward_per_scan_builds_no_plans():
 def test_grad_mode_and_requires_grad_changes_fall_back():
     x = _scene()
     conv = Conv3d(8, 8, 3)
-    with torch.no_grad():
-        conv(x)
-        conv(x)
-    assert _plan_of(conv, x) is not None
+    _planned(conv, x)
     feats = x.feats.clone().requires_grad_()
     y = conv(x.replace_feature(feats))  # grad mode on: the no-grad plan must not run (no graph)
     assert y.feats.requires_grad
@@ -97,9 +100,8 @@ def test_grad_mode_and_requires_grad_changes_fall_back():
 def test_dtype_and_weight_changes_fall_back():
     x = _scene(dtype=torch.float64)
     conv = Conv3d(8, 8, 3).double()
+    _planned(conv, x)
     with torch.no_grad():
-        conv(x)
-        conv(x)
         conv.float()
         y = conv(x.replace_feature(x.feats.float()))
         assert y.feats.dtype == torch.float32
@@ -112,9 +114,8 @@ def test_dtype_and_weight_changes_fall_back():
 def test_wrong_input_still_gets_the_prepared_error():
     x = _scene()
     conv = Conv3d(8, 8, 3)
+    _planned(conv, x)
     with torch.no_grad():
-        conv(x)
-        conv(x)
         bad = VoxelTensor._trusted(x.feats[:, :4], x.coords, x.stride, x.cache)
         with pytest.raises(ValueError, match="channels"):
             conv(bad)
@@ -124,10 +125,9 @@ def test_a_plan_is_never_run_by_another_module_under_its_id():
     """Plans are keyed by module id; an id reused after a module dies must not find its plan."""
     x = _scene()
     a, b = Conv3d(8, 8, 3, dilation=1), Conv3d(8, 8, 3, dilation=2)
+    _planned(a, x)
     with torch.no_grad():
         b.weight.copy_(a.weight)
-        a(x)
-        a(x)
         x.cache.plans[id(b)] = x.cache.plans.pop(id(a))  # as if b had a's id
         out = b(x)
         expected = _unplanned(b, x)
