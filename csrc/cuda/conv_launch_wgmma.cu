@@ -5,11 +5,12 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <limits>
 
-#include "cuda/conv_forward_table_wgmma.cuh"
+#include "cuda/conv_forward_table_ws.cuh"
 #include "cuda/conv_launch.h"
 #include "cuda/kernel_launch.h"
 
@@ -55,6 +56,21 @@ void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   launch_split(kernel, grid, Cfg::kThreads, Cfg::kBytes, stream, args);
 }
 
+template <typename T, int BN, int kStages, bool kWeightT>
+void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+  using Cfg = cuda::WsTableConfig<T, 128, BN, kStages, kWeightT>;
+  constexpr auto kernel = cuda::conv_forward_table_ws<T, 128, BN, kStages, kWeightT>;
+  allow_dynamic_smem<kernel>(Cfg::kBytes);
+  cuda::ConvTableArgs<T, int32_t> args = a;
+  args.n_tiles = a.cout_g / BN;
+  args.split = 1;
+  const int64_t work = (a.num_out + 127) / 128 * args.n_tiles * a.groups;
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const auto grid = static_cast<unsigned>(std::min(work, sms));
+  kernel<<<grid, Cfg::kThreads, Cfg::kBytes, stream>>>(args, work);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 // Measured on an H100 (kernel us, cached subm 3^3 fp16, rank-and-Gray order; mma.sync 128 x 128
@@ -78,10 +94,24 @@ void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
 //   192-row tiles over three warpgroups: C128 64-beam 108 -> 95 but real scan 46 -> 64 (148 tiles,
 //   about one wave) and 171k rows 198 -> 215; at C256 the 128-float accumulator spills (168
 //   registers a thread at 384 threads): 214 -> 252. Not taken.
+// Session 13 (gpu_checks/session13_probes.txt; queued us per cached subm 3^3 fp16 layer call, the
+// single-role kernel -> the warp-specialized persistent one of conv_forward_table_ws.cuh, H200):
+//   C128: 64-beam 104.3 -> 84.4, real scan 44.8 -> 45.5, 171k rows 192.9 -> 189.6;
+//   C256: 64-beam 213.3 -> 203.3, real scan 128.3 -> 115.9;
+//   C64 (128 x 64 tiles, 8 stages): 64-beam 40.3 -> 51.8, real scan 27.6 -> 27.3, 171k rows 87.9 ->
+//   117, 3.5M rows 1686 -> 2279: at C64 two single-role CTAs per SM keep their place.
+// So the persistent kernel takes C_out_g multiples of 128 wherever the split kernel would not split
+// (tables under kWgmmaMaxRows: above, the two kernels measured level at C128).
 constexpr int64_t kWgmmaMaxRows = 100000;
 
 template <typename T, bool kWeightT>
 void launch_by_width(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+  if (a.cout_g % 128 == 0) {
+    const int bn = a.cout_g % 256 == 0 ? 256 : 128;
+    if (relation_split((a.num_out + 127) / 128 * (a.cout_g / bn) * a.groups, a.num_relations) == 1) {
+      return bn == 256 ? launch_ws<T, 256, 4, kWeightT>(a, stream) : launch_ws<T, 128, 6, kWeightT>(a, stream);
+    }
+  }
   if (a.cout_g % 256 == 0) {
     launch<T, 128, 256, 3, kWeightT>(a, stream);
   } else if (a.cout_g % 128 == 0) {

@@ -1,0 +1,94 @@
+"""The warp-specialized persistent wgmma table kernel (csrc/cuda/conv_forward_table_ws.cuh), which
+takes fp16 / bf16 layers with C_in_g a multiple of 64 and C_out_g of 128 on tables large enough to
+fill the GPU without a relation split (the 3000-row tables of test_wide_table_kernel stay on the
+split kernel, C_out_g 64 on the single-role kernel). Checked against the float64 reference with the epilogue, groups, every column-tile width,
+the schedule order, many relation chunks, tiles without a neighbour and the input gradient; on other
+GPUs the same tests cover the mma.sync kernel that takes these shapes there."""
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+from voxel_markers import requires_cuda
+from voxel_refs import random_voxels
+
+from relconv.ops import relational_conv
+from relconv.ops.reference import relational_conv_reference
+from relconv.voxel import submanifold_map
+
+pytestmark = requires_cuda
+
+_conv = torch.ops.relconv.relational_conv.default
+TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def _map(kernel=3, seed=3):
+    # ~50k rows: 400 row tiles of 128, past the point where the launcher splits tiles over CTAs.
+    coords = random_voxels(60000, 60, 4, seed=seed).coords.to("cuda")
+    return submanifold_map(coords, (kernel,) * 3, (1, 1, 1), (1, 1, 1))
+
+
+def _kernels(fn) -> list[str]:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _inputs(rmap, groups, cin, cout, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rmap.num_in, cin, generator=gen).to("cuda", dtype)
+    w = torch.randn(rmap.num_relations, groups, cin // groups, cout // groups, generator=gen)
+    w = (w / (rmap.num_relations * cin) ** 0.5).to("cuda", dtype)
+    bias = (torch.randn(cout, generator=gen) / 4).to("cuda", dtype)
+    return x, w, bias
+
+
+def _run(x, w, table, order, bias, num_out):
+    none = torch.empty(0, dtype=table.dtype, device="cuda")
+    ptr = torch.empty(0, dtype=torch.int64, device="cuda")
+    return _conv(x, w, none, none, ptr, None, num_out, table, order, bias, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("groups, cin, cout", [(1, 64, 64), (1, 128, 128), (1, 64, 256), (2, 128, 256)])
+def test_large_tables_match_the_reference(dtype, groups, cin, cout):
+    rmap = _map()
+    assert rmap.num_out % 128  # a partial last tile
+    x, w, bias = _inputs(rmap, groups, cin, cout, dtype)
+    table = rmap.neighbor_table()
+    plain = _run(x, w, table, None, bias, rmap.num_out)
+    # A schedule only: every output row sums the same relations in the same order either way.
+    assert torch.equal(plain, _run(x, w, table, rmap.table_order(), bias, rmap.num_out))
+    ref = (relational_conv_reference(x.double(), w.double(), rmap, groups) + bias.double()).relu()
+    assert (plain.double() - ref).abs().max() / ref.abs().max() < TOLERANCE[dtype]
+    if torch.cuda.get_device_capability() == (9, 0):
+        kernels = _kernels(lambda: _run(x, w, table, None, bias, rmap.num_out))
+        assert any("conv_forward_table_ws" in k for k in kernels) == ((cout // groups) % 128 == 0)
+
+
+def test_many_relation_chunks_and_tiles_without_neighbours():
+    """5^3 = 125 relations (four chunks of 32 table columns), and the first 300 rows emptied: two
+    whole tiles with no step at all and a third partly empty. Empty rows get the epilogue of zero."""
+    rmap = _map(kernel=5, seed=4)
+    x, w, bias = _inputs(rmap, 1, 64, 128, torch.float16, seed=1)
+    table = rmap.neighbor_table().clone()
+    table[:300] = -1
+    got = _run(x, w, table, None, bias, rmap.num_out).double()
+    ref = (relational_conv_reference(x.double(), w.double(), rmap) + bias.double()).relu()
+    ref[:300] = bias.double().relu()
+    assert torch.equal(got[:300], ref[:300])
+    assert (got - ref).abs().max() / ref.abs().max() < TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("c", [64, 128, 256])
+def test_input_gradient_of_a_large_layer_matches_the_reference(c):
+    """The input gradient runs the same kernel over the transposed table, reading W^T as stored."""
+    rmap = _map(seed=5)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(rmap.num_in, c, generator=gen).to("cuda", torch.float16).requires_grad_()
+    w = (torch.randn(27, c, c, generator=gen) / (27 * c) ** 0.5).to("cuda", torch.float16).requires_grad_()
+    up = torch.randn(rmap.num_out, c, generator=gen).to("cuda", torch.float16)
+    relational_conv(x, w, rmap).backward(up)
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    relational_conv_reference(xd, wd, rmap).backward(up.double())
+    assert (x.grad.double() - xd.grad).abs().max() / xd.grad.abs().max() < TOLERANCE[torch.float16]
