@@ -70,6 +70,25 @@ struct WgmmaTableConfig {
   static constexpr int kMinBlocks = 2 * (kBytes + 1024) <= 228 * 1024 ? 2 : 1;
 };
 
+// Epilogue of both Hopper table kernels: tile row m goes to output row out_rows[m] (none if < 0),
+// columns n0.. of group g, with bias and ReLU. The wgmma accumulator layout holds the column pairs
+// (n, n + 1) of one row in consecutive values, so each pair is one store.
+template <int BM, int BN, typename T, typename ThrMma, typename Acc>
+__device__ __forceinline__ void store_wgmma_tile(const ConvTableArgs<T, int32_t>& a, const ThrMma& thr, const Acc& acc,
+                                                 const int64_t* out_rows, int g, int n0) {
+  using namespace cute;
+  const int64_t ldo = int64_t{a.groups} * a.cout_g;
+  T* out = a.out + int64_t{g} * a.cout_g + n0;
+  const T* bias = a.bias ? a.bias + int64_t{g} * a.cout_g + n0 : nullptr;
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+#pragma unroll
+  for (int v = 0; v < size(acc); v += 2) {
+    const int m = get<0>(coord(v)), n = get<1>(coord(v));
+    const int64_t o = out_rows[m];
+    if (o >= 0) store_pair(out + o * ldo + n, epilogue(acc(v), bias, n, a.relu), epilogue(acc(v + 1), bias, n + 1, a.relu));
+  }
+}
+
 template <typename T, int BM, int BN, int kStages, bool kWeightT>
 __global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages, kWeightT>::kMinBlocks)) conv_forward_table_wgmma(const ConvTableArgs<T, int32_t> a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -179,17 +198,7 @@ __global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages, kWe
     return;
   }
 
-  // Epilogue: the accumulator layout holds column pairs (n, n + 1) of one row in consecutive values.
-  const int64_t ldo = int64_t{a.groups} * cout;
-  T* out = a.out + int64_t{g} * cout + n0;
-  const T* bias = a.bias ? a.bias + int64_t{g} * cout + n0 : nullptr;
-  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
-#pragma unroll
-  for (int v = 0; v < size(acc); v += 2) {
-    const int m = get<0>(coord(v)), n = get<1>(coord(v));
-    const int64_t o = s_out[m];
-    if (o >= 0) store_pair(out + o * ldo + n, epilogue(acc(v), bias, n, a.relu), epilogue(acc(v + 1), bias, n + 1, a.relu));
-  }
+  store_wgmma_tile<BM, BN>(a, thr, acc, s_out, g, n0);
 #endif
 }
 

@@ -60,6 +60,8 @@ struct ProducerSync {
   __device__ __forceinline__ void operator()() const { asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory"); }
 };
 
+// Own asm rather than CUTLASS's ClusterBarrier::arrive: that has no memory clobber, and these
+// arrivals release plain shared-memory writes (s_out, s_flag) to the waiting warps.
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar)))
                : "memory");
@@ -73,13 +75,10 @@ __device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* bar) {
                : "memory");
 }
 
-// cp.async of 4 or 16 bytes to a shared-memory address; `in` false zero-fills.
+// cp.async of 4 bytes (one table entry); `in` false zero-fills.
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool in) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
                "l"(src), "r"(in ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, bool in) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
 }
 
 // The producer's form of load_relation_chunk: s_rows[j * (BM + 1) + i] = the input row feeding tile
@@ -237,7 +236,7 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
             const int32_t row = s_rows[j * Cfg::kLdRows + a_row];
             const T* xr = xg + k0 + static_cast<uint64_t>(row >= 0 ? row : 0) * ldx32 + a_chunk0 * 8;
 #pragma unroll
-            for (int c = 0; c < kChunksA; ++c) cp_async_16_to(a_dst0[c] + stage * a_stage, xr + c * 8, row >= 0);
+            for (int c = 0; c < kChunksA; ++c) cp_async_16_shared(a_dst0[c] + stage * a_stage, xr + c * 8, row >= 0);
             // B: the BK x BN slab of W[c0 + j], from rows of C_out (B rows = k) or, stored transposed,
             // from rows of C_in (B rows = n).
             const int64_t w_ld = kWeightT ? cin : cout;
@@ -246,7 +245,7 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
 #pragma unroll
             for (int it = 0; it < kChunksB; ++it) {
               const uint32_t dst = b_dst0[it % kClassesB] + stage * b_stage + it / kClassesB * b_step;
-              cp_async_16_to(dst, wk + int64_t{it * kRowsB} * w_ld, true);
+              cp_async_16_shared(dst, wk + int64_t{it * kRowsB} * w_ld, true);
             }
             publish(last_chunk && jj + 1 == busy && kk + 1 == k_steps ? kStepLast : 0);
           }
@@ -270,7 +269,6 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
   Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // smem descriptors
   Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
   Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
-  const int64_t ldo = int64_t{a.groups} * cout;
   int stage = 0;
   uint32_t phase = 0;
   int64_t used = 0;
@@ -303,19 +301,7 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
     warpgroup_fence_operand(acc);
     if (held >= 0) mbar_arrive(empty + held);
 
-    // Epilogue: the accumulator layout holds column pairs (n, n + 1) of one row in consecutive values.
-    const int64_t* out_rows = s_out + slot * BM;
-    T* out = a.out + int64_t{g} * cout + n0;
-    const T* bias = a.bias ? a.bias + int64_t{g} * cout + n0 : nullptr;
-    Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
-#pragma unroll
-    for (int v = 0; v < size(acc); v += 2) {
-      const int m = get<0>(coord(v)), n = get<1>(coord(v));
-      const int64_t o = out_rows[m];
-      if (o >= 0) {
-        store_pair(out + o * ldo + n, epilogue(acc(v), bias, n, a.relu), epilogue(acc(v + 1), bias, n + 1, a.relu));
-      }
-    }
+    store_wgmma_tile<BM, BN>(a, thr, acc, s_out + slot * BM, g, n0);
     mbar_arrive(tile_free + slot);
   }
 #endif

@@ -74,11 +74,17 @@ struct NoScale {
 
 // One 16-byte cp.async (sm_80+) global -> shared; `in` false zero-fills the destination instead
 // (source size 0: `src` is then never read but must still be a valid pointer).
+// cp_async_16_shared takes the destination as a shared-memory address, for callers that keep
+// precomputed addresses (the warp-specialized producer).
+__device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src, bool in) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
+#endif
+}
 template <typename T>
 __device__ __forceinline__ void cp_async_16(T* dst, const T* src, bool in) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(in ? 16 : 0));
+  cp_async_16_shared(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, in);
 #else
   uint4 u = make_uint4(0, 0, 0, 0);
   if (in) u = __ldg(reinterpret_cast<const uint4*>(src));
