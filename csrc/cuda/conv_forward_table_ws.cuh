@@ -17,11 +17,15 @@
 // swizzle move together every 8 rows), the table by cp.async instead of dependent loads, and two
 // producer warpgroups where the registers allow (C_out tiles of 128) made it faster at C128 / C256.
 //
-// Persistent CTAs (one per SM; the stages take most of its shared memory) walk the (row tile, column
-// tile) work list with a stride of the grid, the heaviest row tiles first (table_tile_row0 explains
-// the order). Each output row is still reduced by one thread in the fixed step order and stored
-// once: the result equals the single-role kernel's bit for bit. No relation split (the launcher
-// keeps the single-role kernel for tables too small to fill the GPU, where the split pays).
+// Persistent CTAs (one per SM; the stages take most of its shared memory) take the (row tile, column
+// tile) work items, the heaviest row tiles first (table_tile_row0 explains the order), each drawing
+// its next item from a global counter when it starts one: greedy longest-first. A fixed stride of the
+// grid instead handed the CTA that started the heaviest tile the heaviest of every later round too:
+// on the 64-beam scan's C128 table its critical path was 48 (tile, relation) steps against 32 drawn
+// greedily (a mean of 30.7 per SM). Which CTA takes a tile does not change what it computes: each
+// output row is still reduced by one thread in the fixed step order and stored once, and the result
+// equals the single-role kernel's bit for bit. No relation split (the launcher keeps the single-role
+// kernel for tables too small to fill the GPU, where the split pays).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -52,6 +56,7 @@ struct WsTableConfig {
 // What a stage tells the consumers besides its data (s_flag).
 constexpr int kStepLast = 1;  // the tile's last step: store the tile after it
 constexpr int kStepNoop = 2;  // no data (a tile none of whose rows has a neighbour)
+constexpr int kStepExit = 4;  // no data and no more tiles: the consumers stop
 
 // The producer warpgroups' own barrier (named barrier 1 over the first kThreads threads; 0 is
 // __syncthreads).
@@ -129,7 +134,7 @@ __device__ __forceinline__ int producer_relation_chunk(const ConvTableArgs<T, in
 }
 
 template <typename T, int BM, int BN, int kStages, bool kWeightT>
-__global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::kThreads), 1) conv_forward_table_ws(const ConvTableArgs<T, int32_t> a, int64_t num_work) {
+__global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::kThreads), 1) conv_forward_table_ws(const ConvTableArgs<T, int32_t> a, int64_t num_work, int* work_counter) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Cfg = WsTableConfig<T, BM, BN, kStages, kWeightT>;
@@ -151,6 +156,8 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
   uint64_t* tile_free = empty + kStages;                                   // [2]: s_out slot reusable
   int* s_flag = reinterpret_cast<int*>(tile_free + 2);                     // [kStages]
   __shared__ RelationChunk s_chunk;
+  __shared__ int64_t s_work[2];  // work item of the tile in each s_out slot (for the consumers)
+  __shared__ int64_t s_next;     // the producers' next work item, drawn when a tile starts
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -179,19 +186,26 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
     uint32_t phase = 0;
     int64_t used = 0;  // tiles started, for the s_out slot
     // Shared-memory addresses of this thread's 16-byte chunks in stage 0 (the stages are one
-    // constant apart). A: row a_row, kChunksA chunks from a_chunk0, at the swizzled places CuTe's
-    // layout gives. B: rows b_row0 + kRowsB * it (rows of BN chunks; kWeightT: of BK), at one column;
-    // in the 128-byte swizzle a row's chunks are permuted by the row's index mod 8, so chunks 8 rows
-    // apart sit at one fixed distance: one address per residue class of rows (kClassesB, 2 where a
-    // pass covers 4 rows), then constant steps.
+    // constant apart), at the swizzled places CuTe's layout gives. In the 128-byte swizzle a row's
+    // chunks are permuted by the row's index mod 8, so chunks 8 rows apart sit at one fixed distance.
+    // A: a lane pair takes x rows a_row0 + kRowStrideA * i, lane a_sub of the pair the row's chunks
+    // a_sub + 2q, so that each copy instruction reads whole 32-byte sectors: with one thread per row
+    // (or per half row) taking consecutive chunks, every sector was read from L2 twice (ncu: 30% of
+    // the kernel's sectors in excess, L2 68% busy). Pairs rather than eight lanes per row, which also
+    // read whole sectors, for one table entry read per thread and row instead of one per chunk
+    // (session 14, queued us: 64-beam C128 68 -> 66, C256 176 -> 152; real scan C256 133 -> 109).
+    // B: rows b_row0 + kRowsB * it (rows of BN chunks; kWeightT: of BK), at one column: one address
+    // per residue class of rows (kClassesB, 2 where a pass covers 4 rows), then constant steps.
     const auto saddr = [](auto& t, int r, int c) {
       return static_cast<uint32_t>(__cvta_generic_to_shared(raw_pointer_cast(&t(r, c, 0))));
     };
-    constexpr int kChunksA = BK / 8 * BM / kThreadsP;
-    const int a_row = threadIdx.x % BM, a_chunk0 = threadIdx.x / BM * kChunksA;
+    constexpr int kLanesA = 2, kRowStrideA = kThreadsP / kLanesA, kRowsA = BM / kRowStrideA, kChunksA = BK / 8 / kLanesA;
+    static_assert(kRowStrideA % 8 == 0 && kRowsA >= 1, "a thread's A rows must share the swizzle");
+    const int a_row0 = threadIdx.x / kLanesA, a_sub = threadIdx.x % kLanesA;
     uint32_t a_dst0[kChunksA];
 #pragma unroll
-    for (int c = 0; c < kChunksA; ++c) a_dst0[c] = saddr(sA, a_row, (a_chunk0 + c) * 8);
+    for (int q = 0; q < kChunksA; ++q) a_dst0[q] = saddr(sA, a_row0, (a_sub + q * kLanesA) * 8);
+    const uint32_t a_row_step = kRowsA > 1 ? saddr(sA, a_row0 + kRowStrideA, a_sub * 8) - a_dst0[0] : 0;
     // The stage is the layouts' outermost mode: stages lie a whole BM x BK (BN x BK) tile apart.
     constexpr uint32_t a_stage = BM * BK * sizeof(T), b_stage = BN * BK * sizeof(T);
     constexpr int kRowChunksB = (kWeightT ? BK : BN) / 8, kRowsB = kThreadsP / kRowChunksB;
@@ -203,7 +217,8 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
 #pragma unroll
     for (int p = 0; p < kClassesB; ++p) b_dst0[p] = b_at(b_row0 + p * kRowsB);
     const uint32_t b_step = b_at(b_row0 + kClassesB * kRowsB) - b_dst0[0];
-    for (int64_t w = blockIdx.x; w < num_work; w += gridDim.x, ++used) {
+    // The first item is the CTA's index; the later ones are drawn from work_counter[0] (draws so far).
+    for (int64_t w = blockIdx.x; w < num_work; ++used) {
       const int slot = static_cast<int>(used & 1);
       const int g = static_cast<int>(w % n_cols) / a.n_tiles, n0 = static_cast<int>(w % n_cols) % a.n_tiles * BN;
       const int64_t m0 = (row_tiles - 1 - w / n_cols) * BM;
@@ -212,7 +227,13 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
       Barrier::wait(tile_free + slot, static_cast<uint32_t>(((used >> 1) & 1) ^ 1));
       int64_t* out_rows = s_out + slot * BM;
       if (threadIdx.x < BM) out_rows[threadIdx.x] = table_output_row(a.order, a.num_out, m0 + threadIdx.x);
+      if (threadIdx.x == 0) {
+        s_work[slot] = w;
+        s_next = gridDim.x + atomicAdd(work_counter, 1);  // drawn now, so that it is there by the tile's end
+      }
       ProducerSync<Cfg::kProducerThreads>{}();
+      // Read here: thread 0 writes s_next again only after the tile's later producer barriers.
+      const int64_t next = s_next;
       const T* xg = a.x + int64_t{g} * cin;
       const auto ldx32 = static_cast<uint32_t>(ldx);
       bool published_last = false;
@@ -232,11 +253,16 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
           for (int kk = 0; kk < k_steps; ++kk) {
             const int k0 = kk * BK;
             Barrier::wait(empty + stage, phase ^ 1);  // the consumers are done with this stage
-            // A: this thread's half of its tile row's gathered x row (zeros where there is no neighbour).
-            const int32_t row = s_rows[j * Cfg::kLdRows + a_row];
-            const T* xr = xg + k0 + static_cast<uint64_t>(row >= 0 ? row : 0) * ldx32 + a_chunk0 * 8;
+            // A: this thread's chunk of kRowsA gathered x rows (zeros where there is no neighbour).
 #pragma unroll
-            for (int c = 0; c < kChunksA; ++c) cp_async_16_shared(a_dst0[c] + stage * a_stage, xr + c * 8, row >= 0);
+            for (int i = 0; i < kRowsA; ++i) {
+              const int32_t row = s_rows[j * Cfg::kLdRows + a_row0 + i * kRowStrideA];
+              const T* src = xg + k0 + static_cast<uint64_t>(row >= 0 ? row : 0) * ldx32 + a_sub * 8;
+#pragma unroll
+              for (int q = 0; q < kChunksA; ++q) {
+                cp_async_16_shared(a_dst0[q] + stage * a_stage + i * a_row_step, src + q * kLanesA * 8, row >= 0);
+              }
+            }
             // B: the BK x BN slab of W[c0 + j], from rows of C_out (B rows = k) or, stored transposed,
             // from rows of C_in (B rows = n).
             const int64_t w_ld = kWeightT ? cin : cout;
@@ -256,8 +282,22 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
         Barrier::wait(empty + stage, phase ^ 1);
         publish(kStepLast | kStepNoop);
       }
+      w = next;
     }
+    Barrier::wait(empty + stage, phase ^ 1);
+    if (threadIdx.x == 0) s_flag[stage] = kStepExit;
+    mbar_arrive(full + stage);
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives the thread that issued it
+    // The CTA draws no more. The last one to get here leaves both counters zero for the next launch
+    // on this stream (work_counter[1] counts the CTAs done drawing; the fence orders this CTA's last
+    // draw before its count).
+    if (threadIdx.x == 0) {
+      __threadfence();
+      if (atomicAdd(work_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+        work_counter[0] = 0;
+        work_counter[1] = 0;
+      }
+    }
     return;
   }
 
@@ -271,15 +311,14 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
   Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
   int stage = 0;
   uint32_t phase = 0;
-  int64_t used = 0;
-  for (int64_t w = blockIdx.x; w < num_work; w += gridDim.x, ++used) {
+  for (int64_t used = 0;; ++used) {
     const int slot = static_cast<int>(used & 1);
-    const int g = static_cast<int>(w % n_cols) / a.n_tiles, n0 = static_cast<int>(w % n_cols) % a.n_tiles * BN;
     clear(acc);
     int held = -1;  // the stage whose wgmma may still be in flight
     for (;;) {
       Barrier::wait(full + stage, phase);
       const int flag = s_flag[stage];
+      if (flag & kStepExit) return;  // first step of a tile: no wgmma in flight
       if (!(flag & kStepNoop)) {
         // cp.async wrote the stage through the generic proxy; wgmma reads it through the async one.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -301,6 +340,8 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
     warpgroup_fence_operand(acc);
     if (held >= 0) mbar_arrive(empty + held);
 
+    const int64_t w = s_work[slot];  // written before the tile's first step was published
+    const int g = static_cast<int>(w % n_cols) / a.n_tiles, n0 = static_cast<int>(w % n_cols) % a.n_tiles * BN;
     store_wgmma_tile<BM, BN>(a, thr, acc, s_out + slot * BM, g, n0);
     mbar_arrive(tile_free + slot);
   }

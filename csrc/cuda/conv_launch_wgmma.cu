@@ -9,6 +9,9 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "cuda/conv_forward_table_ws.cuh"
 #include "cuda/conv_launch.h"
@@ -56,6 +59,24 @@ void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   launch_split(kernel, grid, Cfg::kThreads, Cfg::kBytes, stream, args);
 }
 
+// The persistent kernel's work counters (draws, CTAs done drawing): a zeroed pair per (device,
+// stream), which every launch leaves zeroed again (its last CTA resets them), so launches on a stream
+// need no memset. Kernels on one stream run in order, so they never share the pair at once. While a
+// CUDA graph is being captured the pair is made per launch instead (a captured fill zeroes it at
+// each replay): a pair first made in a capture would be zeroed only when the graph replays.
+int* work_counters(cudaStream_t stream) {
+  const auto options = at::TensorOptions().dtype(at::kInt).device(at::kCUDA, c10::cuda::current_device());
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    return at::zeros({2}, options).mutable_data_ptr<int>();  // stream-ordered: freed after the kernel
+  }
+  static std::mutex mutex;
+  static auto* pairs = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();  // never freed: no teardown order
+  const std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& pair = (*pairs)[{c10::cuda::current_device(), stream}];
+  if (!pair.defined()) pair = at::zeros({2}, options);  // on this stream, before the first launch
+  return pair.mutable_data_ptr<int>();
+}
+
 template <typename T, int BN, int kStages, bool kWeightT>
 void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   using Cfg = cuda::WsTableConfig<T, 128, BN, kStages, kWeightT>;
@@ -67,7 +88,7 @@ void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   const int64_t work = (a.num_out + 127) / 128 * args.n_tiles * a.groups;
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const auto grid = static_cast<unsigned>(std::min(work, sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kBytes, stream>>>(args, work);
+  kernel<<<grid, Cfg::kThreads, Cfg::kBytes, stream>>>(args, work, work_counters(stream));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -100,18 +121,29 @@ void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
 //   C256: 64-beam 213.3 -> 203.3, real scan 128.3 -> 115.9;
 //   C64 (128 x 64 tiles, 8 stages): 64-beam 40.3 -> 51.8, real scan 27.6 -> 27.3, 171k rows 87.9 ->
 //   117, 3.5M rows 1686 -> 2279: at C64 two single-role CTAs per SM keep their place.
-// So the persistent kernel takes C_out_g multiples of 128 wherever the split kernel would not split
-// (tables under kWgmmaMaxRows: above, the two kernels measured level at C128).
+// Session 14 (gpu_checks/session14_probes.txt; same measure, H100): the persistent kernel draws its
+// tiles from a counter instead of striding the grid, and gathers x rows by lane pairs that read whole
+// sectors. Against the single-role kernel (under 100k rows) or the mma.sync one (above):
+//   C128: 64-beam 105.8 -> 65.6, real scan 44.6 -> 43.6, 171k rows 198.0 -> 152.4, 3.5M 4099 -> 3251
+//         (before the sector fix 5250: the persistent kernel had lost there);
+//   C256: 64-beam 209.8 -> 151.8, real scan 127.6 -> 111.2, 171k rows 658.4 -> 355.1.
+//   C64 with 8 stages now ties the single-role kernel (64-beam 39.9 / 40.0, real 27.7 / 27.6, 171k
+//   91.9 / 91.3, 3.5M 1800 / 1801): not taken.
+// So the persistent kernel takes C_out_g multiples of 128 wherever the split kernel would not split,
+// at any table size; the single-role kernel the rest of the tables under kWgmmaMaxRows (above, the
+// mma.sync kernel's two CTAs per SM measured faster at C64, see session 10).
 constexpr int64_t kWgmmaMaxRows = 100000;
 
 template <typename T, bool kWeightT>
-void launch_by_width(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+bool launch_by_width(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   if (a.cout_g % 128 == 0) {
     const int bn = a.cout_g % 256 == 0 ? 256 : 128;
     if (relation_split((a.num_out + 127) / 128 * (a.cout_g / bn) * a.groups, a.num_relations) == 1) {
-      return bn == 256 ? launch_ws<T, 256, 4, kWeightT>(a, stream) : launch_ws<T, 128, 6, kWeightT>(a, stream);
+      bn == 256 ? launch_ws<T, 256, 4, kWeightT>(a, stream) : launch_ws<T, 128, 6, kWeightT>(a, stream);
+      return true;
     }
   }
+  if (a.num_out >= kWgmmaMaxRows) return false;
   if (a.cout_g % 256 == 0) {
     launch<T, 128, 256, 3, kWeightT>(a, stream);
   } else if (a.cout_g % 128 == 0) {
@@ -119,18 +151,17 @@ void launch_by_width(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stre
   } else {
     launch<T, 128, 64, 3, kWeightT>(a, stream);
   }
+  return true;
 }
 
 template <typename T>
 bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream, bool weight_t) {
   const int64_t ldx = int64_t{a.groups} * a.cin_g;
-  if (a.cin_g % 64 != 0 || a.cout_g % 64 != 0 || a.num_out >= kWgmmaMaxRows || !a.vec_x || !a.vec_w ||
-      !a.vec_out2 || ldx > std::numeric_limits<int32_t>::max() || int64_t{a.cout_g / 64} * a.groups > 65535 ||
-      !wgmma_available()) {
+  if (a.cin_g % 64 != 0 || a.cout_g % 64 != 0 || !a.vec_x || !a.vec_w || !a.vec_out2 ||
+      ldx > std::numeric_limits<int32_t>::max() || int64_t{a.cout_g / 64} * a.groups > 65535 || !wgmma_available()) {
     return false;
   }
-  weight_t ? launch_by_width<T, true>(a, stream) : launch_by_width<T, false>(a, stream);
-  return true;
+  return weight_t ? launch_by_width<T, true>(a, stream) : launch_by_width<T, false>(a, stream);
 }
 
 template bool forward_table_wgmma<__half>(const cuda::ConvTableArgs<__half, int32_t>&, cudaStream_t, bool);

@@ -1,10 +1,10 @@
 """The warp-specialized persistent wgmma table kernel (csrc/cuda/conv_forward_table_ws.cuh), which
-takes fp16 / bf16 layers with C_in_g a multiple of 64 and C_out_g of 128 on tables large enough to
-fill the GPU without a relation split (the 3000-row tables of test_wide_table_kernel stay on the
-split kernel, C_out_g 64 on the single-role kernel). Checked against the float64 reference with the
-epilogue, groups, both column-tile widths, the schedule order, many relation chunks, tiles without
-a neighbour and the input gradient; on other GPUs the same tests cover the mma.sync kernel that
-takes these shapes there."""
+takes fp16 / bf16 layers with C_in_g a multiple of 64 and C_out_g of 128 on tables of any size large
+enough to fill the GPU without a relation split (the 3000-row tables of test_wide_table_kernel stay
+on the split kernel, C_out_g 64 on the single-role kernel or, from 100k rows, the mma.sync one).
+Checked against the float64 reference with the epilogue, groups, both column-tile widths, the
+schedule order, many relation chunks, tiles without a neighbour and the input gradient; on other
+GPUs the same tests cover the mma.sync kernel that takes these shapes there."""
 
 import pytest
 import torch
@@ -22,9 +22,9 @@ _conv = torch.ops.relconv.relational_conv.default
 TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
-def _map(kernel=3, seed=3):
+def _map(kernel=3, seed=3, points=60000, extent=60):
     # ~50k rows: 400 row tiles of 128, past the point where the launcher splits tiles over CTAs.
-    coords = random_voxels(60000, 60, 4, seed=seed).coords.to("cuda")
+    coords = random_voxels(points, extent, 4, seed=seed).coords.to("cuda")
     return submanifold_map(coords, (kernel,) * 3, (1, 1, 1), (1, 1, 1))
 
 
@@ -67,6 +67,20 @@ def test_large_tables_match_the_reference(dtype, groups, cin, cout):
         assert any("conv_forward_table_ws" in k for k in kernels) == ((cout // groups) % 128 == 0)
 
 
+@pytest.mark.parametrize("cout", [128, 256])
+def test_tables_past_100k_rows_match_the_reference(cout):
+    """~181k rows: the persistent kernel also takes the tables the single-role one leaves to mma.sync."""
+    rmap = _map(seed=7, points=200000, extent=100)
+    assert rmap.num_out > 100000
+    x, w, bias = _inputs(rmap, 1, 64, cout, torch.float16, seed=4)
+    got = _run(x, w, rmap.neighbor_table(), rmap.table_order(), bias, rmap.num_out)
+    ref = (relational_conv_reference(x.double(), w.double(), rmap) + bias.double()).relu()
+    assert (got.double() - ref).abs().max() / ref.abs().max() < TOLERANCE[torch.float16]
+    if torch.cuda.get_device_capability() == (9, 0):
+        kernels = _kernels(lambda: _run(x, w, rmap.neighbor_table(), None, bias, rmap.num_out))
+        assert any("conv_forward_table_ws" in k for k in kernels)
+
+
 def test_many_relation_chunks_and_tiles_without_neighbours():
     """5^3 = 125 relations (four chunks of 32 table columns), and the first 300 rows emptied: two
     whole tiles with no step at all and a third partly empty. Empty rows get the epilogue of zero."""
@@ -93,3 +107,30 @@ def test_input_gradient_of_a_large_layer_matches_the_reference(c):
     xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     relational_conv_reference(xd, wd, rmap).backward(up.double())
     assert (x.grad.double() - xd.grad).abs().max() / xd.grad.abs().max() < TOLERANCE[torch.float16]
+
+
+def test_work_counters_reset_across_launches_streams_and_graphs():
+    """CTAs draw their tiles from a per-stream counter that each launch leaves zeroed: repeated
+    launches, a second stream and replays of a captured graph (whose counter is made per launch)
+    all compute every tile, the same bits each time."""
+    rmap = _map(seed=6)
+    x, w, bias = _inputs(rmap, 1, 128, 128, torch.float16, seed=3)
+    table, order = rmap.neighbor_table(), rmap.table_order()
+    first = _run(x, w, table, order, bias, rmap.num_out)
+    for _ in range(3):
+        assert torch.equal(_run(x, w, table, order, bias, rmap.num_out), first)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        runs = [_run(x, w, table, order, bias, rmap.num_out) for _ in range(2)]
+    torch.cuda.current_stream().wait_stream(side)
+    assert all(torch.equal(r, first) for r in runs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _run(x, w, table, order, bias, rmap.num_out)
+    for _ in range(2):
+        captured.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, first)
+    assert torch.equal(_run(x, w, table, order, bias, rmap.num_out), first)
