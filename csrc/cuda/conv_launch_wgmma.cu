@@ -64,17 +64,19 @@ void launch(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
 // need no memset. Kernels on one stream run in order, so they never share the pair at once. While a
 // CUDA graph is being captured the pair is made per launch instead (a captured fill zeroes it at
 // each replay): a pair first made in a capture would be zeroed only when the graph replays.
-int* work_counters(cudaStream_t stream) {
+// The caller holds the returned tensor until the kernel is queued (a per-launch pair is then freed
+// stream-ordered, after the kernel).
+at::Tensor work_counters(cudaStream_t stream) {
   const auto options = at::TensorOptions().dtype(at::kInt).device(at::kCUDA, c10::cuda::current_device());
   if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
-    return at::zeros({2}, options).mutable_data_ptr<int>();  // stream-ordered: freed after the kernel
+    return at::zeros({2}, options);
   }
   static std::mutex mutex;
   static auto* pairs = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();  // never freed: no teardown order
   const std::lock_guard<std::mutex> lock(mutex);
   at::Tensor& pair = (*pairs)[{c10::cuda::current_device(), stream}];
   if (!pair.defined()) pair = at::zeros({2}, options);  // on this stream, before the first launch
-  return pair.mutable_data_ptr<int>();
+  return pair;
 }
 
 template <typename T, int BN, int kStages, bool kWeightT>
@@ -88,7 +90,8 @@ void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   const int64_t work = (a.num_out + 127) / 128 * args.n_tiles * a.groups;
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const auto grid = static_cast<unsigned>(std::min(work, sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kBytes, stream>>>(args, work, work_counters(stream));
+  const at::Tensor counters = work_counters(stream);
+  kernel<<<grid, Cfg::kThreads, Cfg::kBytes, stream>>>(args, work, counters.mutable_data_ptr<int>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
