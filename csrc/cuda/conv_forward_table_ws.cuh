@@ -149,7 +149,7 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
   E* smem_a = reinterpret_cast<E*>(smem);
   E* smem_b = reinterpret_cast<E*>(smem + Mma::kBytesA);
   unsigned char* tail = smem + Mma::kBytesA + Mma::kBytesB;
-  int32_t* s_rows = reinterpret_cast<int32_t*>(tail);                      // [BM][kRelChunk]
+  int32_t* s_rows = reinterpret_cast<int32_t*>(tail);                      // [kRelChunk][BM + 1]
   int64_t* s_out = reinterpret_cast<int64_t*>(tail + Cfg::kBytesRows);     // [2][BM]
   uint64_t* full = reinterpret_cast<uint64_t*>(tail + Cfg::kBytesRows + Cfg::kBytesOut);
   uint64_t* empty = full + kStages;
@@ -178,8 +178,8 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
   Tensor sB = make_tensor(make_smem_ptr(smem_b), typename Mma::LayoutB{});  // (BN, BK, stage)
 
   if (threadIdx.x < Cfg::kProducerThreads) {
-    // Producers: one or two threads per tile row for the gathers (two take half of the row's BK
-    // columns each), the weight slab and the table reads spread over all of them.
+    // Producers: lane pairs gather the tile rows (see A below); the weight slab and the table reads
+    // spread over all producer threads.
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     constexpr int kThreadsP = Cfg::kProducerThreads;
     int stage = 0;
