@@ -250,7 +250,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
 
   const FixedChunkLoader<T, BM, BK, kThreads> a_loader;
-  const FixedChunkLoader<T, BK, BN, kThreads> b_loader;
+  const FixedChunkLoader<T, BK, BN, kThreads, /*kL1=*/true> b_loader;
   std::conditional_t<kExact, SimtWarpTile<WM, WN>, MmaWarpTile<T, WM, WN>> tile;
   tile.zero();
   // Stages are used round robin across relation chunks; the next step to load is (relation

@@ -76,15 +76,24 @@ struct NoScale {
 // (source size 0: `src` is then never read but must still be a valid pointer).
 // cp_async_16_shared takes the destination as a shared-memory address, for callers that keep
 // precomputed addresses (the warp-specialized producer).
+// kL1 reads through L1 (.ca; .cg reads from L2 only), for tiles that other blocks on the SM read
+// again soon: the weight slabs of the table kernels, which every output tile of a relation loads.
+// H100, cached subm 3^3 fp16, queued us per call, .cg -> .ca (gpu_checks/session15_probes.txt):
+// C32 64-beam 27.7 -> 22.3, real scan 19.4 -> 17.3, 171k rows 72 -> 67; C64 171k rows 92 -> 90.
+template <bool kL1 = false>
 __device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src, bool in) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
+  if constexpr (kL1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
+  }
 #endif
 }
-template <typename T>
+template <bool kL1 = false, typename T>
 __device__ __forceinline__ void cp_async_16(T* dst, const T* src, bool in) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  cp_async_16_shared(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, in);
+  cp_async_16_shared<kL1>(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, in);
 #else
   uint4 u = make_uint4(0, 0, 0, 0);
   if (in) u = __ldg(reinterpret_cast<const uint4*>(src));
@@ -138,7 +147,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // offsets and a row costs one source-pointer computation and one cp.async: about a fifth of the
 // instructions of load_rows_async, whose general chunk loop left the tensor-core table kernel issuing
 // four times more load bookkeeping than ldmatrix + mma.
-template <typename T, int ROWS, int COLS, int THREADS>
+template <typename T, int ROWS, int COLS, int THREADS, bool kL1 = false>
 struct FixedChunkLoader {
   static constexpr int V = kVecElems<T>, kChunks = COLS / V, kRowStride = THREADS / kChunks;
   static constexpr int kRowsPerThread = (ROWS + kRowStride - 1) / kRowStride;
@@ -161,7 +170,7 @@ struct FixedChunkLoader {
       const int i = row0 + it * kRowStride;
       if (ROWS % kRowStride != 0 && i >= ROWS) break;
       const Row r = row_src(i);
-      cp_async_16(dst + i * ld + col, r.src + col, r.in);
+      cp_async_16<kL1>(dst + i * ld + col, r.src + col, r.in);
     }
   }
 };
