@@ -54,13 +54,15 @@
 //   hashed_strided_table(in_coords, kernel_size, step, out_step, check) -> (slots, out_coords,
 //            table): coord_hash, strided_coords (its one sync reads the new hash's error word when
 //            check) and kernel_map_table in one call; the table int32 while sizes allow.
-//   hashed_submanifold_table(coords, kernel_size, step, check, one_buffer) -> (slots, table,
-//            error): coord_hash and kernel_map_table of the coordinates against themselves in one
-//            call (with one_buffer, all three in one allocation); with check, one host sync reads
-//            the new hash's error word and raises ValueError on bad coordinates; without, the
-//            caller checks the returned word later (check_coords).
-//   check_coords(error) -> (): reads a coord_hash error word (one host sync) and raises
-//            ValueError for the problems it records.
+//   hashed_submanifold_table(coords, kernel_size, step, check, one_buffer, early_read=False) ->
+//            (slots, table, error, ticket): coord_hash and kernel_map_table of the coordinates
+//            against themselves in one call (with one_buffer, all three in one allocation); with
+//            check, one host sync reads the new hash's error word and raises ValueError on bad
+//            coordinates; without, the caller checks the returned word later (check_coords), and
+//            early_read queues the word's copy to the host right after the hash (ticket; -1 none).
+//   check_coords(error, ticket=-1) -> (): reads a coord_hash error word (one host sync: with a
+//            ticket, only until that word's copy has landed) and raises ValueError for the
+//            problems it records.
 //
 // BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over
 // the N rows; weight, bias, running_mean, running_var [C] in one dtype: x's, or float32 for
@@ -104,8 +106,8 @@ TORCH_LIBRARY(relconv, m) {
       "bool check) -> (Tensor, Tensor, Tensor)");
   m.def(
       "hashed_submanifold_table(Tensor coords, int[3] kernel_size, int[3] step, bool check, "
-      "bool one_buffer) -> (Tensor, Tensor, Tensor)");
-  m.def("check_coords(Tensor error) -> ()");
+      "bool one_buffer, bool early_read=False) -> (Tensor, Tensor, Tensor, int)");
+  m.def("check_coords(Tensor error, int ticket=-1) -> ()");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "

@@ -61,13 +61,14 @@ class CoordIndex:
 
     RELEASE_ROWS = 1 << 20
 
-    __slots__ = ("coords", "validated", "_slots", "_error")
+    __slots__ = ("coords", "validated", "_slots", "_error", "_ticket")
 
     def __init__(self, coords: Tensor, trusted: bool = False) -> None:
         self.coords = coords
         self.validated = trusted
         self._slots: Tensor | None = None
         self._error: Tensor | None = None
+        self._ticket = -1  # the early read of _error (hashed_submanifold_table), -1 none
 
     def slots(self) -> Tensor:
         """The hash table (int32 row per slot, -1 empty); no host synchronisation."""
@@ -90,15 +91,15 @@ class CoordIndex:
         """Whether the hash table is built (and not given back, see `map_built`)."""
         return self._slots is not None
 
-    def adopt(self, slots: Tensor, error: Tensor | None) -> None:
+    def adopt(self, slots: Tensor, error: Tensor | None, ticket: int = -1) -> None:
         """Keeps the hash table of these coordinates that an op built (`hashed_submanifold_table`,
         `hashed_strided_table`) and, while the set is unchecked, that hash's error word (None: the op
-        checked it)."""
+        checked it) with the ticket of its early read, if any."""
         self._slots = slots
         if error is None:
-            self.validated, self._error = True, None
+            self.validated, self._error, self._ticket = True, None, -1
         elif not self.validated:
-            self._error = error
+            self._error, self._ticket = error, ticket
 
     def ensure_valid(self) -> None:
         """Raises ValueError for duplicate rows or negative batch indices (one sync, first call only).
@@ -106,9 +107,9 @@ class CoordIndex:
         error = self.pending_error()
         if error is None:
             return
-        _CHECK_COORDS(error)
+        _CHECK_COORDS(error, self._ticket)
         self.validated = True
-        self._error = None
+        self._error, self._ticket = None, -1
 
     def map_built(self) -> None:
         """After a map's table kernel is queued: a large set gives its hash table back (see above)."""
@@ -232,8 +233,12 @@ def submanifold_map(
         if not index.hashed:  # hash, table and (validate) check in one op call
             check, keeps_hash = validate and not index.validated, coords.shape[0] < index.RELEASE_ROWS
             # A set that keeps its hash gets table and hash in one allocation.
-            slots, table, error = _HASHED_SUBMANIFOLD_TABLE(coords, kernel_size, step, check, keeps_hash)
-            index.adopt(slots, None if check else error)
+            # A check left to the caller reads the word's early copy (its ticket).
+            early = not validate and not index.validated
+            slots, table, error, ticket = _HASHED_SUBMANIFOLD_TABLE(
+                coords, kernel_size, step, check, keeps_hash, early
+            )
+            index.adopt(slots, None if check else error, ticket)
             return _from_table(table, index)
         return _table_map(coords, index, coords, kernel_size, step, validate)
     lo, hi = bounds(coords)

@@ -144,15 +144,44 @@ def test_one_buffer_table_and_hash_equal_the_split_ones(kernel):
     ref = km.submanifold_map(coords.cpu(), (5, 5, 5), (1, 1, 1), (1, 1, 1)).neighbor_table().long()
     tables = []
     for one_buffer in (False, True):
-        slots, table, error = op(coords, kernel, (1, 1, 1), True, one_buffer)
+        slots, table, error, ticket = op(coords, kernel, (1, 1, 1), True, one_buffer)
+        assert ticket == -1  # checked inside the op: no early read queued
         torch.ops.relconv.check_coords(error)  # the word of a good set: no problem recorded
         tables.append(table.cpu())
         later = table_op(coords, slots, coords, (5, 5, 5), (1, 1, 1), torch.int32)
         assert torch.equal(later.cpu().long(), ref)
     assert torch.equal(tables[0], tables[1]) and tables[1].dtype == torch.int32
     empty = coords[:0]
-    slots, table, _ = op(empty, (3, 3, 3), (1, 1, 1), True, True)
+    slots, table, _, _ = op(empty, (3, 3, 3), (1, 1, 1), True, True)
     assert table.shape == (0, 27) and slots.numel() > 0
+
+
+@pytest.mark.parametrize("one_buffer", [False, True])
+def test_deferred_checks_read_the_early_copy_and_survive_a_reused_slot(one_buffer):
+    """With `early_read` the op queues its error word's copy to the host and returns its ticket;
+    check_coords with the ticket raises exactly as with the device word alone. A ticket whose slot
+    newer ones have taken (the ring holds 64), or one already read, falls back to the device word."""
+    op = torch.ops.relconv.hashed_submanifold_table.default
+    good = scene(n=400, seed=18).cuda()
+    dup = torch.cat([good, good[:1]])
+    neg = good.clone()
+    neg[3, 0] = -1
+    for coords, match in ((good, None), (dup, "duplicate"), (neg, "non-negative")):
+        _, _, error, ticket = op(coords, (3, 3, 3), (1, 1, 1), False, one_buffer, True)
+        assert ticket >= 0
+        for t in (ticket, ticket, -1):  # the early copy, then twice the device word
+            if match is None:
+                torch.ops.relconv.check_coords(error, t)
+            else:
+                with pytest.raises(ValueError, match=match):
+                    torch.ops.relconv.check_coords(error, t)
+    _, _, old_error, old_ticket = op(dup, (3, 3, 3), (1, 1, 1), False, one_buffer, True)
+    for _ in range(64):
+        _, _, error, ticket = op(good, (3, 3, 3), (1, 1, 1), False, one_buffer, True)
+    torch.ops.relconv.check_coords(error, ticket)
+    with pytest.raises(ValueError, match="duplicate"):
+        torch.ops.relconv.check_coords(old_error, old_ticket)
+    assert op(good, (3, 3, 3), (1, 1, 1), False, one_buffer)[3] == -1  # no early read asked for
 
 
 @pytest.mark.parametrize("bad", ["duplicate", "negative_batch"])
