@@ -132,8 +132,14 @@ class EarlyWords {
     const int64_t ticket = ring.next++;
     const auto slot = static_cast<int>(ticket % kSlots);
     // The slot's previous copy (kSlots tickets ago) has landed unless its event says otherwise.
-    if (ring.tickets[slot] >= 0 && cudaEventQuery(ring.events[slot]) == cudaErrorNotReady) {
-      C10_CUDA_CHECK(cudaEventSynchronize(ring.events[slot]));
+    if (ring.tickets[slot] >= 0) {
+      const cudaError_t state = cudaEventQuery(ring.events[slot]);
+      if (state == cudaErrorNotReady) {
+        (void)cudaGetLastError();  // not an error: clear it, as aten's CUDAEvent::query does
+        C10_CUDA_CHECK(cudaEventSynchronize(ring.events[slot]));
+      } else {
+        C10_CUDA_CHECK(state);
+      }
     }
     ring.tickets[slot] = ticket;
     C10_CUDA_CHECK(cudaMemcpyAsync(ring.words + slot, word, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
@@ -142,12 +148,14 @@ class EarlyWords {
   }
 
   // The word of `ticket` once its copy has landed (the current device's ring); nullopt when the
-  // ticket's slot went to a newer one.
+  // ticket's slot went to a newer one. The lock stays held through the wait, which ends with the
+  // hash insert the copy follows.
   std::optional<int32_t> wait(int64_t ticket) {
+    if (ticket < 0) return std::nullopt;
     const std::lock_guard<std::mutex> lock(mutex_);
     Ring& ring = ring_of(c10::cuda::current_device());
     const auto slot = static_cast<int>(ticket % kSlots);
-    if (ticket < 0 || ring.tickets[slot] != ticket) return std::nullopt;
+    if (ring.tickets[slot] != ticket) return std::nullopt;
     C10_CUDA_CHECK(cudaEventSynchronize(ring.events[slot]));
     ring.tickets[slot] = -1;
     return ring.words[slot];
@@ -163,14 +171,14 @@ class EarlyWords {
   };
   Ring& ring_of(int device) {
     Ring& ring = rings_[device];
-    if (ring.words == nullptr) {
-      void* p = nullptr;
-      C10_CUDA_CHECK(cudaMallocHost(&p, kSlots * sizeof(int32_t)));
-      ring.words = static_cast<int32_t*>(p);
+    if (ring.words == nullptr) {  // set last: a failed setup is retried whole
       for (int i = 0; i < kSlots; ++i) {
         C10_CUDA_CHECK(cudaEventCreateWithFlags(&ring.events[i], cudaEventDisableTiming));
         ring.tickets[i] = -1;
       }
+      void* p = nullptr;
+      C10_CUDA_CHECK(cudaMallocHost(&p, kSlots * sizeof(int32_t)));
+      ring.words = static_cast<int32_t*>(p);
     }
     return ring;
   }
