@@ -114,7 +114,7 @@ HostWords read_words(const int32_t* device, cudaStream_t stream) {
   return HostWords{words[0], words[1]};
 }
 
-// Early reads of deferred checks' error words (hashed_submanifold_table without `check`). A new
+// Early reads of deferred checks' error words (hashed_submanifold_table with `early_read`). A new
 // hash's error word is final once hash_insert_rows has run, so the op queues its copy to pinned host
 // memory right behind that kernel, with an event, and the check (check_coords with the returned
 // ticket) waits for that event instead of for the whole stream: the map's table and order kernels
@@ -545,8 +545,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> hashed_submanifold_table
   return {slots, table, error, ticket};
 }
 
-// A coordinate set's deferred check (CoordIndex.ensure_valid): the error word of its hash, read
-// through the pinned buffer (aten's item() costs several ops more of host time).
+// A coordinate set's deferred check (CoordIndex.ensure_valid): the error word of its hash, from the
+// early copy of `ticket` when that is still held (EarlyWords), else read through the pinned buffer
+// (aten's item() costs several ops more of host time).
 void check_coords_cuda(const at::Tensor& error, int64_t ticket) {
   TORCH_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.is_cuda(),
                     "error must be the int32 [1] CUDA error word of relconv::coord_hash");
