@@ -182,27 +182,60 @@ struct RelationChunk {
   int count;
 };
 
-// Block-wide, ends in a barrier: s_rows[i * kRelChunk + j] = the input row feeding tile row i's output
+// s_rows rows hold kRelChunk entries padded to kRowsLd: the gathers read one relation of four
+// consecutive tile rows per warp instruction (eight lanes a row), which a row stride of 32 entries
+// put in one bank (ncu, 3.5M-row C64 layer: 3.6-way conflicts on 16% of the shared loads).
+constexpr int kRowsLd = kRelChunk + 1;
+
+// Block-wide, ends in a barrier: s_rows[i * kRowsLd + j] = the input row feeding tile row i's output
 // through relation c0 + j (or -1), and this CTA's share of the chunk's busy relations in `chunk` (those
 // congruent to its rank modulo the split; all of them without one); returns their count.
-// Entry idx = i * kRelChunk + j: a warp reads consecutive relations of one output row, unrolled so
-// that several independent table loads are in flight per thread. The leading barrier keeps the
-// previous chunk's last step reading s_rows before they are overwritten.
+// Entry idx = i * kRelChunk + j: a warp reads consecutive relations of one output row. int32 tables
+// come by 4-byte cp.async, every entry in flight at once, and each thread then checks the entries it
+// copied: a tile's table costs one memory round trip, where loads into registers cost one per few
+// entries a thread. The leading barrier keeps the previous chunk's last step reading s_rows before
+// they are overwritten.
 template <int BM, int kThreads, typename T, typename Idx>
 __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& a, const int64_t* s_out, int64_t c0,
                                                    int32_t* s_rows, RelationChunk& chunk) {
+  static_assert(BM * kRelChunk % kThreads == 0, "every thread copies the same number of entries");
+  constexpr int kPerThread = BM * kRelChunk / kThreads;
   const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
   if (threadIdx.x == 0) chunk.busy = 0;
   __syncthreads();
   unsigned busy = 0;
+  if constexpr (sizeof(Idx) == sizeof(int32_t)) {
+    static_assert(kPerThread <= 32, "one bit per copied entry");
+    unsigned copied = 0;  // bit it: entry it was read (not zero-filled)
+    // Partly unrolled: wholly unrolled, the loops took the 128 x 64 mma.sync kernel from 73 to 122
+    // registers (a block less per SM); not unrolled, the checks' dependent shared loads run one by one.
 #pragma unroll 4
-  for (int idx = threadIdx.x; idx < BM * kRelChunk; idx += kThreads) {
-    const int i = idx / kRelChunk, j = idx % kRelChunk;
-    const int64_t o = j < width ? s_out[i] : -1;
-    const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
-    const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;  // num_in fits int32
-    s_rows[idx] = row;
-    if (row >= 0) busy |= 1u << j;
+    for (int it = 0; it < kPerThread; ++it) {
+      const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
+      const int64_t o = j < width ? s_out[i] : -1;
+      cp_async_4(s_rows + i * kRowsLd + j, o >= 0 ? a.table + o * a.num_relations + c0 + j : a.table, o >= 0);
+      if (o >= 0) copied |= 1u << it;
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+#pragma unroll 8
+    for (int it = 0; it < kPerThread; ++it) {
+      const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
+      int32_t& v = s_rows[i * kRowsLd + j];
+      const bool in = (copied >> it & 1u) && v >= 0 && v < a.num_in;
+      if (!in) v = -1;
+      if (in) busy |= 1u << j;
+    }
+  } else {
+#pragma unroll 4
+    for (int it = 0; it < kPerThread; ++it) {
+      const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
+      const int64_t o = j < width ? s_out[i] : -1;
+      const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
+      const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;  // num_in fits int32
+      s_rows[i * kRowsLd + j] = row;
+      if (row >= 0) busy |= 1u << j;
+    }
   }
   if (busy) atomicOr(&chunk.busy, busy);
   __syncthreads();
@@ -224,7 +257,7 @@ struct TableMmaSmem {
   static constexpr int kLdA = BK + kVecElems<T>, kLdB = BN + 8;  // see MmaWarpTile on padding
   static constexpr int kStage = BM * kLdA + BK * kLdB;  // elements
   static constexpr int kStageBytes = kStage * static_cast<int>(sizeof(T));
-  static constexpr int kRowsBytes = BM * kRelChunk * static_cast<int>(sizeof(int32_t));
+  static constexpr int kRowsBytes = BM * kRowsLd * static_cast<int>(sizeof(int32_t));
   static constexpr int kBytes = kStages * kStageBytes + kRowsBytes;
   static_assert((BM * kLdA * sizeof(T)) % 16 == 0 && kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
 };
@@ -237,7 +270,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   constexpr int kLdA = Smem::kLdA, kLdB = Smem::kLdB;
   extern __shared__ __align__(16) unsigned char smem[];
   T* stages = reinterpret_cast<T*>(smem);
-  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kStages * Smem::kStageBytes);  // [BM][kRelChunk]
+  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kStages * Smem::kStageBytes);  // [BM][kRowsLd]
   __shared__ RelationChunk s_chunk;
   __shared__ int64_t s_out[BM];  // output row of each tile row (table_output_row)
 
@@ -274,7 +307,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         const T* xk = a.x + goff + k0;
         const auto ldx32 = static_cast<uint32_t>(ldx);
         a_loader.load(As, kLdA, [&](int i) {
-          const int32_t row = s_rows[i * kRelChunk + j];
+          const int32_t row = s_rows[i * kRowsLd + j];
           const uint32_t r = row >= 0 ? static_cast<uint32_t>(row) : 0u;
           return typename decltype(a_loader)::Row{xk + static_cast<uint64_t>(r) * ldx32, row >= 0};
         });
@@ -283,7 +316,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         return;
       }
       const auto a_rows = [&](int i) {
-        const int32_t row = s_rows[i * kRelChunk + j];
+        const int32_t row = s_rows[i * kRowsLd + j];
         return row >= 0 ? row * ldx + goff : int64_t{-1};
       };
       const auto b_rows = [&](int k) { return k0 + k < cin ? int64_t{k0 + k} * cout : int64_t{-1}; };

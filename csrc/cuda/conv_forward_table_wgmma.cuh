@@ -62,7 +62,7 @@ struct WgmmaTableConfig {
   using LayoutB = decltype(cute::tile_to_shape(AtomB{},
                                                cute::make_shape(cute::Int<BN>{}, cute::Int<BK>{}, cute::Int<kStages>{})));
   static constexpr int kBytesA = cute::cosize_v<LayoutA> * 2, kBytesB = cute::cosize_v<LayoutB> * 2;
-  static constexpr int kBytesRows = BM * kRelChunk * 4, kBytesOut = BM * 8;
+  static constexpr int kBytesRows = BM * kRowsLd * 4, kBytesOut = BM * 8;
   // + 1024: the swizzle atoms repeat every 1024 bytes and must start on such a boundary.
   static constexpr int kBytes = kBytesA + kBytesB + kBytesRows + kBytesOut + 1024;
   static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages keep 1024-byte alignment");
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages, kWe
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   E* smem_a = reinterpret_cast<E*>(smem);
   E* smem_b = reinterpret_cast<E*>(smem + Cfg::kBytesA);
-  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + Cfg::kBytesA + Cfg::kBytesB);  // [BM][kRelChunk]
+  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + Cfg::kBytesA + Cfg::kBytesB);  // [BM][kRowsLd]
   int64_t* s_out = reinterpret_cast<int64_t*>(smem + Cfg::kBytesA + Cfg::kBytesB + Cfg::kBytesRows);
   __shared__ RelationChunk s_chunk;
 
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages, kWe
 #pragma unroll
       for (int it = 0; it < BM * 8 / kThreads; ++it) {
         const int idx = threadIdx.x + it * kThreads, i = idx / 8, c = (idx % 8) * 8;
-        const int32_t row = s_rows[i * kRelChunk + j];
+        const int32_t row = s_rows[i * kRowsLd + j];
         const uint32_t r = row >= 0 ? static_cast<uint32_t>(row) : 0u;
         T* dst = reinterpret_cast<T*>(raw_pointer_cast(&sA(i, c, stage)));
         cp_async_16(dst, xk + static_cast<uint64_t>(r) * ldx32 + c, row >= 0);

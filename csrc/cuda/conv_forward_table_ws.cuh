@@ -80,12 +80,6 @@ __device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* bar) {
                : "memory");
 }
 
-// cp.async of 4 bytes (one table entry); `in` false zero-fills.
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool in) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(in ? 4 : 0));
-}
-
 // The producer's form of load_relation_chunk: s_rows[j * (BM + 1) + i] = the input row feeding tile
 // row i through relation c0 + j (or -1), the chunk's busy relations in `chunk`; returns their count.
 // The BM x kRelChunk table entries come by 4-byte cp.async, all in flight at once, so that a row

@@ -132,6 +132,11 @@ void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
 //   C256: 64-beam 209.8 -> 151.8, real scan 127.6 -> 111.2, 171k rows 658.4 -> 355.1.
 //   C64 with 8 stages now ties the single-role kernel (64-beam 39.9 / 40.0, real 27.7 / 27.6, 171k
 //   91.9 / 91.3, 3.5M 1800 / 1801): not taken.
+// Session 15 (gpu_checks/session15_probes.txt; same measure, H100): with its weight slabs read through
+// L1 the mma.sync kernel (64 x 64 tiles) beats the single-role kernel at C_in = C_out = 64: 32-beam
+// 25.4 -> 19.2, real scan 27.0 -> 25.4, 64-beam 38.8 -> 36.9, so C_out_g 64 leaves this file. A
+// transposed weight view (the input gradient) leaves too, at the cost of a transpose launch: the two
+// kernels round differently, and a result must not depend on the weight's memory layout.
 // So the persistent kernel takes C_out_g multiples of 128 wherever the split kernel would not split,
 // at any table size; the single-role kernel the rest of the tables under kWgmmaMaxRows (above, the
 // mma.sync kernel's two CTAs per SM measured faster at C64, see session 10).
@@ -164,6 +169,7 @@ bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t 
       ldx > std::numeric_limits<int32_t>::max() || int64_t{a.cout_g / 64} * a.groups > 65535 || !wgmma_available()) {
     return false;
   }
+  if (a.cout_g == 64) return false;  // the mma.sync kernel is faster (session 15 above)
   return weight_t ? launch_by_width<T, true>(a, stream) : launch_by_width<T, false>(a, stream);
 }
 

@@ -90,6 +90,16 @@ __device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src
   }
 #endif
 }
+// cp.async of 4 bytes (a table entry), through L1; `in` false zero-fills.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool in) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(in ? 4 : 0));
+#else
+  *static_cast<int32_t*>(dst) = in ? __ldg(static_cast<const int32_t*>(src)) : 0;
+#endif
+}
+
 template <bool kL1 = false, typename T>
 __device__ __forceinline__ void cp_async_16(T* dst, const T* src, bool in) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

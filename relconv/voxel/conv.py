@@ -106,18 +106,20 @@ def _conv3d(
     lm = layer_map(x, k, s, d, transposed, generative, indice_key, defer_check=True)
     # Bias and ReLU go into the op: on CUDA's output-stationary path they are the kernel's epilogue.
     call = conv_call(x.feats, weight, lm.rmap, groups, bias=bias, activation=activation)
-    if lm.unchecked is not None:
-        # New CUDA coordinates are checked once the map's kernels and the host's preparation of the
-        # conv are queued and done, before the conv is queued: the one sync then waits for the map
-        # while the host works, and the conv runs while the host goes on. H100, fresh subm 3^3 C64
-        # fp16, in-process A/B (us, latency / queued), check inside the map op -> here: real scan
-        # 125 / 97 -> 111 / 77, 64-beam 161 / 132 -> 145 / 112, 32-beam 100 / 84 -> 93 / 77.
-        # (Checking after the conv's launch made the host wait for the conv: queued 211 -> 175 us
-        # on the real scan when it moved before it.)
-        lm.unchecked.ensure_valid()
-    elif planner is not None and lm.out_cache is x.cache:
+    if lm.unchecked is None and planner is not None and lm.out_cache is x.cache:
         _plan(x, planner, call, bias, lm)
-    return VoxelTensor._trusted(run_conv(call), lm.out_coords, lm.out_stride, lm.out_cache)
+    out = run_conv(call)
+    if lm.unchecked is not None:
+        # New CUDA coordinates are checked once the conv is queued: the check waits only for the
+        # early copy of the hash insert's error word (long landed by then), so the host never
+        # waits for the map's later kernels and the GPU never idles while the host queues the
+        # conv. The conv over a bad set is memory-safe (the table holds valid rows or -1), and
+        # its result never leaves: the check raises first. H100, fresh subm 3^3 C64 fp16, in-process
+        # A/B (us, latency / queued), check before the conv's launch -> after it: 64-beam 188 / 118
+        # -> 176 / 118, 32-beam 128 / 98 -> 113 / 95, real scan 139 / 99 -> 141 / 101, 171k rows
+        # 255 / 211 -> 245 / 209 (gpu_checks/session16_probes.txt).
+        lm.unchecked.ensure_valid()
+    return VoxelTensor._trusted(out, lm.out_coords, lm.out_stride, lm.out_cache)
 
 
 class LayerPlan(NamedTuple):

@@ -45,8 +45,9 @@ def layer_map(
     generative one outputs new coordinates and so starts a new cache for them.
     A new CUDA coordinate set is checked (duplicates, batch indices: one host sync) before this
     returns, so nothing computed over a bad set is ever queued; with `defer_check` a submanifold
-    map's check is left to the caller instead (`LayerMap.unchecked.ensure_valid()`, before it queues
-    work over the map: the map's kernels then run while the host prepares that work).
+    map's check is left to the caller instead (`LayerMap.unchecked.ensure_valid()`, before anything
+    computed over the map leaves it: work queued over the map before the check is memory-safe,
+    see `submanifold_map`, and the map's kernels run while the host queues it).
     """
     cache = x.cache
     named = cache.named.get(indice_key) if indice_key is not None else None
