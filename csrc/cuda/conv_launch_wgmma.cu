@@ -137,9 +137,12 @@ void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
 // 25.4 -> 19.2, real scan 27.0 -> 25.4, 64-beam 38.8 -> 36.9, so C_out_g 64 leaves this file. A
 // transposed weight view (the input gradient) leaves too, at the cost of a transpose launch: the two
 // kernels round differently, and a result must not depend on the weight's memory layout.
+// Session 16 (session16_probes.txt C; table entries by cp.async in all three), C64 mma.sync /
+// single-role / persistent with BN 64: 32-beam 20.7 / 25.1 / 20.4, real scan 26.6 / 26.3 / 25.1,
+// 64-beam 36.7 / 37.0 / 41.2, 171k 77.8 / 77.6 / 97.5, 3.5M 1580 / 1621 / 1966.
 // So the persistent kernel takes C_out_g multiples of 128 wherever the split kernel would not split,
-// at any table size; the single-role kernel the rest of the tables under kWgmmaMaxRows (above, the
-// mma.sync kernel's two CTAs per SM measured faster at C64, see session 10).
+// at any table size; the single-role kernel the rest of the tables under kWgmmaMaxRows but C_out_g 64
+// (above, the mma.sync kernel's CTAs per SM measured faster, see session 10).
 constexpr int64_t kWgmmaMaxRows = 100000;
 
 template <typename T, bool kWeightT>
