@@ -1,5 +1,5 @@
 """The Hopper wgmma table kernel (csrc/cuda/conv_forward_table_wgmma.cuh): fp16 / bf16 layers with
-C_in_g and C_out_g multiples of 64 on tables under 100k rows (but a forward with C_out_g 64).
+C_in_g and C_out_g multiples of 64 (C_out_g 64 aside) on tables under 100k rows.
 Checked against the float64 reference with the epilogue, groups, partial last tiles and the schedule
 order, in the forward and through the input gradient (the same kernel over the transposed table); on
 other GPUs the same tests cover the mma.sync kernel that takes these shapes there."""
@@ -62,7 +62,7 @@ def test_wide_layers_match_the_reference(dtype, groups, cin, cout):
     ref = (relational_conv_reference(x.double(), w.double(), rmap, groups) + bias.double()).relu()
     err = (plain.double() - ref).abs().max() / ref.abs().max()
     assert err < TOLERANCE[dtype]
-    # A forward with C_out_g 64 takes the mma.sync kernel, faster there (conv_launch_wgmma.cu).
+    # C_out_g 64 takes the mma.sync kernel, faster there (conv_launch_wgmma.cu).
     if _hopper():
         wgmma = any("conv_forward_table_wgmma" in k for k in _kernels(lambda: run(None)))
         assert wgmma == (cout // groups != 64)
