@@ -165,6 +165,14 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
   __syncthreads();
 
   const int n_cols = a.n_tiles * a.groups;
+  // Group and first output column of work item w: the producers load its tile, the consumers store it.
+  struct WorkCols {
+    int g, n0;
+  };
+  const auto work_cols = [&](int64_t w) {
+    const int col = static_cast<int>(w % n_cols);
+    return WorkCols{col / a.n_tiles, col % a.n_tiles * BN};
+  };
   const int64_t row_tiles = (a.num_out + BM - 1) / BM;
   const int cin = a.cin_g, cout = a.cout_g, k_steps = cin / BK;
   const int64_t ldx = int64_t{a.groups} * cin;
@@ -214,7 +222,8 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
     // The first item is the CTA's index; the later ones are drawn from work_counter[0] (draws so far).
     for (int64_t w = blockIdx.x; w < num_work; ++used) {
       const int slot = static_cast<int>(used & 1);
-      const int g = static_cast<int>(w % n_cols) / a.n_tiles, n0 = static_cast<int>(w % n_cols) % a.n_tiles * BN;
+      const WorkCols cols = work_cols(w);
+      const int g = cols.g, n0 = cols.n0;
       const int64_t m0 = (row_tiles - 1 - w / n_cols) * BM;
       // The slot's previous tile (two back) has been stored: parity of that use, which the first two
       // uses pass at once (the phase before the first counts as complete).
@@ -335,8 +344,8 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
     if (held >= 0) mbar_arrive(empty + held);
 
     const int64_t w = s_work[slot];  // written before the tile's first step was published
-    const int g = static_cast<int>(w % n_cols) / a.n_tiles, n0 = static_cast<int>(w % n_cols) % a.n_tiles * BN;
-    store_wgmma_tile<BM, BN>(a, thr, acc, s_out + slot * BM, g, n0);
+    const WorkCols cols = work_cols(w);
+    store_wgmma_tile<BM, BN>(a, thr, acc, s_out + slot * BM, cols.g, cols.n0);
     mbar_arrive(tile_free + slot);
   }
 #endif
