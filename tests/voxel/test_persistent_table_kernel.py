@@ -1,7 +1,7 @@
 """The warp-specialized persistent wgmma table kernel (csrc/cuda/conv_forward_table_ws.cuh), which
 takes fp16 / bf16 layers with C_in_g a multiple of 64 and C_out_g of 128 on tables of any size large
 enough to fill the GPU without a relation split (the 3000-row tables of test_wide_table_kernel stay
-on the split kernel, C_out_g 64 on the single-role kernel or, from 100k rows, the mma.sync one).
+on the split kernel, C_out_g 64 on the mma.sync one).
 Checked against the float64 reference with the epilogue, groups, both column-tile widths, the
 schedule order, many relation chunks, tiles without a neighbour and the input gradient; on other
 GPUs the same tests cover the mma.sync kernel that takes these shapes there."""
