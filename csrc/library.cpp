@@ -56,12 +56,13 @@
 //            check) and kernel_map_table in one call; the table int32 while sizes allow.
 //   hashed_submanifold_table(coords, kernel_size, step, check, one_buffer, early_read=False) ->
 //            (slots, table, error, ticket): coord_hash and kernel_map_table of the coordinates
-//            against themselves in one call (with one_buffer, all three in one allocation); with
-//            check, one host sync reads the new hash's error word and raises ValueError on bad
-//            coordinates; without, the caller checks the returned word later (check_coords), and
-//            early_read queues the word's copy to the host right after the hash (ticket; -1 none).
-//   check_coords(error, ticket=-1) -> (): reads a coord_hash error word (one host sync: with a
-//            ticket, only until that word's copy has landed) and raises ValueError for the
+//            against themselves in one call (with one_buffer, all three in one allocation; a
+//            small set's map then is one cooperative kernel); with check, the host waits for the
+//            new hash's error word, published to pinned memory once the hash is built, and raises
+//            ValueError on bad coordinates; without, the caller checks the returned word later
+//            (check_coords), and early_read has the word published too (ticket; -1 none).
+//   check_coords(error, ticket=-1) -> (): reads a coord_hash error word (with a ticket, waits
+//            until that word is published; else one host sync) and raises ValueError for the
 //            problems it records.
 //
 // BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over

@@ -3,6 +3,8 @@
 // coarse sites sizes its output, and the error words of the same call ride along in that one copy.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/record_function.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -11,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
@@ -19,8 +22,11 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "cuda/device_buffers.h"
+#include "cuda/kernel_map_fused.cuh"
 #include "cuda/kernel_map_hash.cuh"
 #include "cuda/kernel_map_query.cuh"
 
@@ -114,71 +120,101 @@ HostWords read_words(const int32_t* device, cudaStream_t stream) {
   return HostWords{words[0], words[1]};
 }
 
-// Early reads of deferred checks' error words (hashed_submanifold_table with `early_read`). A new
-// hash's error word is final once hash_insert_rows has run, so the op queues its copy to pinned host
-// memory right behind that kernel, with an event, and the check (check_coords with the returned
-// ticket) waits for that event instead of for the whole stream: the map's table and order kernels
-// keep the GPU busy while the host queues the conv. Waiting for the stream left the GPU idle while
-// the host queued the conv after the sync (H100, fresh subm 3^3 C64 fp16 on 3.5M voxels: about
-// 95 us per call). Tickets take the slots of a ring per device in turn; a ticket whose slot a newer
-// one has taken falls back to reading the device word, so a reused slot is never read.
-class EarlyWords {
+// Error words published by the kernels for the host (WordSlot, kernel_map_fused.cuh): a check
+// waits for the hash insert alone, by polling pinned memory, with no copy, event or stream sync of
+// its own; the map's table kernels keep the GPU busy meanwhile. Waiting for the whole stream left
+// the GPU idle while the host queued the conv after the sync (H100, fresh subm 3^3 C64 fp16 on 3.5M
+// voxels: about 95 us per call); a copy and an event per map (session 15's early read) cost two
+// host API calls of their own. Tickets take the slots of a ring per device in turn. A slot is handed
+// to a new ticket only once its previous ticket's word has landed, so a slot holds one pending
+// kernel at a time; a ticket whose slot a newer one has taken falls back to reading the device word.
+class PublishedWords {
  public:
-  // Queues the copy of `word` on `stream` (the current device's); -1 while a graph is captured.
-  int64_t queue(const int32_t* word, cudaStream_t stream) {
-    if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return -1;
+  // The slot of a new ticket on the current device; {nullptr, -1} while a graph is captured. The
+  // caller launches the publishing kernel on `stream`, or calls abandon(ticket) if it cannot.
+  std::pair<cuda::WordSlot, int64_t> reserve(cudaStream_t stream) {
+    if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+      return {cuda::WordSlot{nullptr, 0}, -1};
+    }
     const std::lock_guard<std::mutex> lock(mutex_);
     Ring& ring = ring_of(c10::cuda::current_device());
     const int64_t ticket = ring.next++;
     const auto slot = static_cast<int>(ticket % kSlots);
-    // The slot's previous copy (kSlots tickets ago) has landed unless its event says otherwise.
-    if (ring.tickets[slot] >= 0) {
-      const cudaError_t state = cudaEventQuery(ring.events[slot]);
-      if (state == cudaErrorNotReady) {
-        (void)cudaGetLastError();  // not an error: clear it, as aten's CUDAEvent::query does
-        C10_CUDA_CHECK(cudaEventSynchronize(ring.events[slot]));
-      } else {
-        C10_CUDA_CHECK(state);
-      }
-    }
-    ring.tickets[slot] = ticket;
-    C10_CUDA_CHECK(cudaMemcpyAsync(ring.words + slot, word, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-    C10_CUDA_CHECK(cudaEventRecord(ring.events[slot], stream));
-    return ticket;
+    if (ring.pending[slot] >= 0) await(ring, slot);  // the ring came round to a word nobody read
+    ring.pending[slot] = ticket;
+    ring.streams[slot] = stream;
+    return {cuda::WordSlot{ring.words + slot, static_cast<uint32_t>(ticket)}, ticket};
   }
 
-  // The word of `ticket` once its copy has landed (the current device's ring); nullopt when the
-  // ticket's slot went to a newer one. The lock stays held through the wait, which ends with the
-  // hash insert the copy follows.
+  // A reserved ticket whose kernel was never queued.
+  void abandon(int64_t ticket) {
+    if (ticket < 0) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    Ring& ring = ring_of(c10::cuda::current_device());
+    const auto slot = static_cast<int>(ticket % kSlots);
+    if (ring.pending[slot] == ticket) ring.pending[slot] = -1;
+  }
+
+  // The word of `ticket` once published (the current device's ring); nullopt for -1, a ticket
+  // already read, or one whose slot went to a newer ticket. The lock stays held through the wait,
+  // which ends with the hash insert the word follows.
   std::optional<int32_t> wait(int64_t ticket) {
     if (ticket < 0) return std::nullopt;
     const std::lock_guard<std::mutex> lock(mutex_);
     Ring& ring = ring_of(c10::cuda::current_device());
     const auto slot = static_cast<int>(ticket % kSlots);
-    if (ring.tickets[slot] != ticket) return std::nullopt;
-    C10_CUDA_CHECK(cudaEventSynchronize(ring.events[slot]));
-    ring.tickets[slot] = -1;
-    return ring.words[slot];
+    if (ring.pending[slot] != ticket) return std::nullopt;
+    return await(ring, slot);
   }
 
  private:
   static constexpr int kSlots = 64;
   struct Ring {
-    int32_t* words = nullptr;  // [kSlots] pinned
-    cudaEvent_t events[kSlots];
-    int64_t tickets[kSlots];  // the ticket each slot holds, -1 none
-    int64_t next = 0;
+    unsigned long long* words = nullptr;  // [kSlots] pinned, mapped: (ticket << 32 | word)
+    int64_t pending[kSlots];              // the ticket whose kernel writes each slot, -1 none
+    cudaStream_t streams[kSlots];         // the stream it was queued on
+    int64_t next = 1;                     // the slots start at 0: no ticket 0 to mistake for a word
   };
+
+  // Polls the slot until its pending ticket's word lands; releases the slot. A failed kernel never
+  // publishes: every few thousand polls the ticket's stream is asked for errors, and a stream that
+  // drained without the word (impossible unless the kernel did not run) raises instead of hanging.
+  static int32_t await(Ring& ring, int slot) {
+    // Named for profilers: the harness counts it as the host synchronisation it is
+    // (benchmarks/harness/instrument.py), though it makes no CUDA synchronisation call.
+    RECORD_FUNCTION("relconv::wait_published_word", std::vector<c10::IValue>());
+    const auto want = static_cast<uint32_t>(ring.pending[slot]);
+    const volatile unsigned long long* word = ring.words + slot;
+    for (uint64_t polls = 1;; ++polls) {
+      const unsigned long long v = *word;
+      if (static_cast<uint32_t>(v >> 32) == want) {
+        ring.pending[slot] = -1;
+        return static_cast<int32_t>(static_cast<uint32_t>(v));
+      }
+      if (polls % 4096 == 0) {
+        const cudaError_t state = cudaStreamQuery(ring.streams[slot]);
+        if (state == cudaErrorNotReady) {
+          (void)cudaGetLastError();  // not an error: clear it, as aten's CUDAEvent::query does
+        } else {
+          C10_CUDA_CHECK(state);
+          TORCH_CHECK(static_cast<uint32_t>(*word >> 32) == want,
+                      "relconv: a coordinate check's error word was never published");
+        }
+      }
+    }
+  }
+
   Ring& ring_of(int device) {
     Ring& ring = rings_[device];
     if (ring.words == nullptr) {  // set last: a failed setup is retried whole
-      for (int i = 0; i < kSlots; ++i) {
-        C10_CUDA_CHECK(cudaEventCreateWithFlags(&ring.events[i], cudaEventDisableTiming));
-        ring.tickets[i] = -1;
-      }
+      for (int i = 0; i < kSlots; ++i) ring.pending[i] = -1;
       void* p = nullptr;
-      C10_CUDA_CHECK(cudaMallocHost(&p, kSlots * sizeof(int32_t)));
-      ring.words = static_cast<int32_t*>(p);
+      C10_CUDA_CHECK(cudaHostAlloc(&p, kSlots * sizeof(unsigned long long), cudaHostAllocMapped | cudaHostAllocPortable));
+      std::memset(p, 0, kSlots * sizeof(unsigned long long));
+      void* device_view = nullptr;
+      C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_view, p, 0));
+      TORCH_CHECK(device_view == p, "relconv: pinned host memory needs unified addressing");
+      ring.words = static_cast<unsigned long long*>(p);
     }
     return ring;
   }
@@ -186,8 +222,8 @@ class EarlyWords {
   std::map<int, Ring> rings_;
 };
 
-EarlyWords& early_words() {
-  static auto* words = new EarlyWords();  // never freed: no teardown order against the CUDA context
+PublishedWords& published_words() {
+  static auto* words = new PublishedWords();  // never freed: no teardown order against the CUDA context
   return *words;
 }
 
@@ -501,19 +537,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hashed_strided_table_cuda(
   return {slots, co, table};
 }
 
+// Rows up to which a one-buffer submanifold map of a symmetric kernel is one cooperative launch
+// (fused_submanifold_map) instead of a memset and two kernels. Past it the split kernels' own
+// parallelism and memset bandwidth matter more than the launches they cost.
+constexpr int64_t kFusedMapRows = int64_t{1} << 18;
+
+// Blocks of fused_submanifold_map<kCube> resident on the current device at once: the most a
+// cooperative launch may have.
+template <int kCube>
+int64_t fused_blocks() {
+  static const int per_sm = [] {
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, cuda::fused_submanifold_map<kCube>,
+                                                                 cuda::kMapThreads, 0));
+    return std::max(blocks, 1);
+  }();
+  return int64_t{per_sm} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
+// Whether fused_submanifold_map builds a map of n rows: a one-buffer int32 table of a symmetric
+// kernel, small, on a GPU with cooperative launches, and no graph being captured (the split
+// kernels are what a graph records).
+bool fused_map(int64_t n, const cuda::KernelGeometry& g, bool one_buffer_int32) {
+  return one_buffer_int32 && n > 0 && n <= kFusedMapRows && symmetric_table(true, g) &&
+         at::cuda::getCurrentDeviceProperties()->cooperativeLaunch &&
+         c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
+}
+
+void launch_fused_map(cuda::FusedMapArgs a, cudaStream_t stream) {
+  const bool cube3 = a.g.size[0] == 3 && a.g.size[1] == 3 && a.g.size[2] == 3;
+  const int64_t work = std::max(a.n * cuda::submanifold_queries(a.g.volume), a.fill_words / 4);
+  const int64_t blocks = std::min<int64_t>((work + cuda::kMapThreads - 1) / cuda::kMapThreads,
+                                           cube3 ? fused_blocks<3>() : fused_blocks<0>());
+  const void* kernel = reinterpret_cast<const void*>(cube3 ? cuda::fused_submanifold_map<3> : cuda::fused_submanifold_map<0>);
+  void* args[] = {&a};
+  C10_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(cuda::kMapThreads),
+                                             args, 0, stream));
+}
+
 // A submanifold map from a coordinate set with no hash yet, in one call instead of two op calls and
 // a Python read of the error word (coord_hash, kernel_map_table, .item()): as hashed_strided_table,
-// because each op call and each read costs host time of its own on the fresh map of every scan. With
-// `check` the one sync reads the new hash's error word once the table kernel is queued and raises
-// on bad coordinates; without, the caller checks the returned word before any result over the map
-// escapes (check_coords; a voxel conv does so just before its launch, so the sync overlaps the
-// host's preparation of the conv with the map kernels). The table is int32 while the sizes
-// allow (relconv.core.index_dtype_for's rule), else int64. `one_buffer` (a set that keeps its hash:
-// CoordIndex.RELEASE_ROWS) puts table, slots and error word in one int32 allocation set by one
-// memset: on the H100 host an allocation or a memset costs 4 to 10 us of host time, and a set that
-// keeps its hash frees it together with its maps anyway. `early_read` (with the check left to the
-// caller) queues the word's copy to the host (EarlyWords). Returns (slots, table, error word, the
-// copy's ticket or -1).
+// because each op call and each read costs host time of its own on the fresh map of every scan. The
+// new hash's error word is published to the host once the insert is done (PublishedWords): with
+// `check` the op waits for it (not for the table) and raises on bad coordinates; with `early_read`
+// it returns the word's ticket and the caller checks before any result over the map escapes
+// (check_coords; a voxel conv does so once it is queued); with neither the caller reads the device
+// word. The table is int32 while the sizes allow (relconv.core.index_dtype_for's rule), else
+// int64. `one_buffer` (a set that keeps its hash: CoordIndex.RELEASE_ROWS) puts table, slots and
+// error word in one int32 allocation: on the H100 host an allocation or a memset costs 4 to 10 us
+// of host time, and a set that keeps its hash frees it together with its maps anyway. Such a map of
+// a symmetric kernel on up to kFusedMapRows rows is one cooperative launch (kernel_map_fused.cuh).
+// Returns (slots, table, error word, the word's ticket or -1).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> hashed_submanifold_table_cuda(const at::Tensor& coords,
                                                                                       at::IntArrayRef kernel_size,
                                                                                       at::IntArrayRef step, bool check,
@@ -524,35 +598,65 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> hashed_submanifold_table
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n = c.size(0), entries = n * g.volume;
   const bool narrow = entries <= std::numeric_limits<int32_t>::max();
+  const bool fused = fused_map(n, g, one_buffer && narrow);
+  auto [slot, ticket] = check || early_read ? published_words().reserve(stream)
+                                            : std::pair<cuda::WordSlot, int64_t>{cuda::WordSlot{nullptr, 0}, -1};
   at::Tensor slots, table, error;
-  if (one_buffer && narrow) {
-    // int32 layout: table [n, K] | slots | error word, all ones (-1: no neighbour, empty slot).
-    const int64_t capacity = hash_capacity(n);
-    const at::Tensor buffer = memset_tensor({entries + capacity + 1}, c.options(), kAllOnes, stream);
-    table = buffer.as_strided({n, g.volume}, {g.volume, 1}, 0);
-    slots = buffer.as_strided({capacity}, {1}, entries);
-    error = buffer.as_strided({1}, {1}, entries + capacity);
-    insert_rows(c, slots.mutable_data_ptr<int32_t>(), capacity, error.mutable_data_ptr<int32_t>(), stream);
-  } else {
-    std::tie(slots, error) = hash_rows(c, stream);
+  try {
+    if (one_buffer && narrow) {
+      // int32 layout: table [n, K] | slots | error word, all ones (-1: no neighbour, empty slot),
+      // set by a memset or by the fused kernel's first phase.
+      const int64_t capacity = hash_capacity(n), words = entries + capacity + 1;
+      const at::Tensor buffer =
+          fused ? at::empty({words}, c.options()) : memset_tensor({words}, c.options(), kAllOnes, stream);
+      table = buffer.as_strided({n, g.volume}, {g.volume, 1}, 0);
+      slots = buffer.as_strided({capacity}, {1}, entries);
+      error = buffer.as_strided({1}, {1}, entries + capacity);
+      int32_t* base = buffer.mutable_data_ptr<int32_t>();
+      if (fused) {
+        launch_fused_map(cuda::FusedMapArgs{c.const_data_ptr<int32_t>(), n, base, words, base + entries,
+                                            cuda::SlotLayout::of_capacity(capacity), base + entries + capacity, g,
+                                            slot},
+                         stream);
+      } else {
+        insert_rows(c, base + entries, capacity, base + entries + capacity, stream);
+      }
+    } else {
+      std::tie(slots, error) = hash_rows(c, stream);
+    }
+    if (!fused) {
+      if (slot.host != nullptr) {  // before the table's fill and kernel: the check waits for the insert alone
+        cuda::publish_word_kernel<<<1, 1, 0, stream>>>(slot, error.const_data_ptr<int32_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      const bool symmetric = symmetric_table(true, g);
+      if (!table.defined()) table = new_table(c, n, g, symmetric, narrow ? at::kInt : at::kLong, stream);
+      fill_table(c, slots, c, symmetric, g, table, stream);
+    }
+  } catch (...) {
+    published_words().abandon(ticket);
+    throw;
   }
-  // Queued before the table's fill and kernel, so that the check waits for the insert alone.
-  const int64_t ticket = early_read && !check ? early_words().queue(error.const_data_ptr<int32_t>(), stream) : -1;
-  const bool symmetric = symmetric_table(true, g);
-  if (!table.defined()) table = new_table(c, n, g, symmetric, narrow ? at::kInt : at::kLong, stream);
-  fill_table(c, slots, c, symmetric, g, table, stream);
-  if (check) raise_word_errors(error, stream);
+  if (check) {
+    const std::optional<int32_t> word = published_words().wait(ticket);
+    if (word.has_value()) {
+      raise_coord_errors(~*word);
+    } else {
+      raise_word_errors(error, stream);
+    }
+    ticket = -1;
+  }
   return {slots, table, error, ticket};
 }
 
-// A coordinate set's deferred check (CoordIndex.ensure_valid): the error word of its hash, from the
-// early copy of `ticket` when that is still held (EarlyWords), else read through the pinned buffer
-// (aten's item() costs several ops more of host time).
+// A coordinate set's deferred check (CoordIndex.ensure_valid): the error word of its hash as
+// published for `ticket` when that is still held (PublishedWords), else read through the pinned
+// buffer (aten's item() costs several ops more of host time).
 void check_coords_cuda(const at::Tensor& error, int64_t ticket) {
   TORCH_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.is_cuda(),
                     "error must be the int32 [1] CUDA error word of relconv::coord_hash");
   const c10::cuda::CUDAGuard guard(error.device());
-  if (const std::optional<int32_t> word = early_words().wait(ticket)) return raise_coord_errors(~*word);
+  if (const std::optional<int32_t> word = published_words().wait(ticket)) return raise_coord_errors(~*word);
   raise_word_errors(error, c10::cuda::getCurrentCUDAStream());
 }
 

@@ -28,7 +28,7 @@ __device__ __forceinline__ bool fits_int32(int64_t v) {
 // The input row at p + offset_k * step, or -1. Queries that leave the int32 range cannot match any
 // input and are misses. kCube > 0: the kernel is kCube^3, known at compile time, so that splitting k
 // into axis indices costs multiplies instead of divisions (the map kernels are issue-bound).
-template <int kCube = 0>
+template <int kCube = 0, bool kInKernel = false>
 __device__ __forceinline__ int32_t find_neighbor(const HashView& in, const Coord& p, int32_t k,
                                                  const KernelGeometry& g) {
   const int32_t sx = kCube > 0 ? kCube : g.size[0], sy = kCube > 0 ? kCube : g.size[1];
@@ -40,7 +40,7 @@ __device__ __forceinline__ int32_t find_neighbor(const HashView& in, const Coord
   const int64_t qy = p.y + axis_offset(ky, sy) * g.step[1];
   const int64_t qz = p.z + axis_offset(kz, sz) * g.step[2];
   if (!fits_int32(qx) || !fits_int32(qy) || !fits_int32(qz)) return -1;
-  return in.find(Coord{p.b, static_cast<int32_t>(qx), static_cast<int32_t>(qy), static_cast<int32_t>(qz)});
+  return in.find<kInKernel>(Coord{p.b, static_cast<int32_t>(qx), static_cast<int32_t>(qy), static_cast<int32_t>(qz)});
 }
 
 // table[o, k] = input row at out_coords[o] + offset_k * step, or -1. One thread per (o, k) with k
@@ -55,6 +55,9 @@ __global__ void neighbor_table_kernel(HashView in, const int32_t* __restrict__ o
   table[t] = static_cast<Idx>(find_neighbor(in, load_coord(out_coords, o), k, g));
 }
 
+// Queries per output row of submanifold_table_kernel: the offsets below the centre, and the centre.
+__host__ __device__ constexpr int64_t submanifold_queries(int32_t volume) { return volume / 2 + 1; }
+
 // The submanifold table of a symmetric kernel (odd size per axis, offsets -r..r: offset K-1-k is
 // -offset_k) from half the queries: p_i = p_o + offset_k exactly when p_o = p_i + offset_{K-1-k},
 // so the query of (o, k) for k below the centre also answers (i, K-1-k), and the centre entry is
@@ -67,21 +70,22 @@ __global__ void neighbor_table_kernel(HashView in, const int32_t* __restrict__ o
 // 32-bit division by a constant rather than a 64-bit one by a variable. With the 32-bit hash, ncu on
 // 3.5M voxels (H100): 961 -> 901 us, SM throughput 68% -> 46%, now bound by L2 (77%); the map op on
 // the 64-beam scan 32 -> 26 us, on the real scan 31 -> 21 us (gpu_checks/session15_probes.txt).
-template <typename Idx, int kCube>
-__global__ void submanifold_table_kernel(HashView in, int64_t n, KernelGeometry g, Idx* __restrict__ table) {
-  constexpr int32_t kQueries = kCube * kCube * kCube / 2 + 1;  // queries per output, centre included
+// submanifold_query answers query t < n * submanifold_queries (kCube > 0: t < 2^32); the kernel runs
+// one thread per query, fused_submanifold_map (kernel_map_fused.cuh) loops over them (kInKernel: see
+// HashView::find).
+template <typename Idx, int kCube, bool kInKernel = false>
+__device__ __forceinline__ void submanifold_query(const HashView& in, const KernelGeometry& g, Idx* __restrict__ table,
+                                                  int64_t t) {
   const int32_t volume = kCube > 0 ? kCube * kCube * kCube : g.volume;
   const int32_t half = volume / 2;  // the centre's index; queries k < half, mirrors K-1-k > half
   int64_t o;
   int32_t k;
   if constexpr (kCube > 0) {
-    const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n * kQueries) return;
-    o = t / kQueries;
-    k = static_cast<int32_t>(t - static_cast<uint32_t>(o) * kQueries);
+    constexpr auto kQueries = static_cast<uint32_t>(submanifold_queries(kCube * kCube * kCube));
+    const auto t32 = static_cast<uint32_t>(t);
+    o = t32 / kQueries;
+    k = static_cast<int32_t>(t32 - static_cast<uint32_t>(o) * kQueries);
   } else {
-    const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (t >= n * (half + 1)) return;
     o = t / (half + 1);
     k = static_cast<int32_t>(t - o * (half + 1));
   }
@@ -89,9 +93,20 @@ __global__ void submanifold_table_kernel(HashView in, int64_t n, KernelGeometry 
     table[o * volume + half] = static_cast<Idx>(o);
     return;
   }
-  const int32_t row = find_neighbor<kCube>(in, load_coord(in.coords, o), k, g);
+  const int32_t row = find_neighbor<kCube, kInKernel>(in, load_coord(in.coords, o), k, g);
   table[o * volume + k] = static_cast<Idx>(row);
   if (row >= 0) table[static_cast<int64_t>(row) * volume + (volume - 1 - k)] = static_cast<Idx>(o);
+}
+
+template <typename Idx, int kCube>
+__global__ void submanifold_table_kernel(HashView in, int64_t n, KernelGeometry g, Idx* __restrict__ table) {
+  if constexpr (kCube > 0) {
+    const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n * submanifold_queries(kCube * kCube * kCube)) submanifold_query<Idx, kCube>(in, g, table, t);
+  } else {
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t < n * submanifold_queries(g.volume)) submanifold_query<Idx, kCube>(in, g, table, t);
+  }
 }
 
 // The transposed map's table from a forward table: pair (i, o, k) becomes (o, i, k). Every input

@@ -111,7 +111,7 @@ def _conv3d(
     out = run_conv(call)
     if lm.unchecked is not None:
         # New CUDA coordinates are checked once the conv is queued: the check waits only for the
-        # early copy of the hash insert's error word (long landed by then), so the host never
+        # error word the hash insert published to the host (long landed by then), so the host never
         # waits for the map's later kernels and the GPU never idles while the host queues the
         # conv. The conv over a bad set is memory-safe (the table holds valid rows or -1), and
         # its result never leaves: the check raises first. H100, fresh subm 3^3 C64 fp16, in-process

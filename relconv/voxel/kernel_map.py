@@ -68,7 +68,7 @@ class CoordIndex:
         self.validated = trusted
         self._slots: Tensor | None = None
         self._error: Tensor | None = None
-        self._ticket = -1  # the early read of _error (hashed_submanifold_table), -1 none
+        self._ticket = -1  # the host copy of _error published by hashed_submanifold_table, -1 none
 
     def slots(self) -> Tensor:
         """The hash table (int32 row per slot, -1 empty); no host synchronisation."""
@@ -94,7 +94,7 @@ class CoordIndex:
     def adopt(self, slots: Tensor, error: Tensor | None, ticket: int = -1) -> None:
         """Keeps the hash table of these coordinates that an op built (`hashed_submanifold_table`,
         `hashed_strided_table`) and, while the set is unchecked, that hash's error word (None: the op
-        checked it) with the ticket of its early read, if any."""
+        checked it) with the ticket of its published host copy, if any."""
         self._slots = slots
         if error is None:
             self.validated, self._error, self._ticket = True, None, -1
@@ -220,7 +220,8 @@ def submanifold_map(
         coords: [N, 4] int32 (batch, x, y, z), multiples of `tensor_stride`, no duplicates.
         index: CUDA only: the coordinates' cached `CoordIndex`; with a validated one the build does
             no host synchronisation.
-        validate: CUDA only: read an unchecked index's error word before returning (one sync).
+        validate: CUDA only: read an unchecked index's error word before returning (a wait for
+            the hash insert, or one sync when the index was hashed earlier).
             False leaves that to the caller (`index.ensure_valid()`), who may first queue work on
             the map: the table holds valid row indices even for bad coordinates, so that work is
             memory-safe, and its result must not escape before the check.
@@ -233,7 +234,7 @@ def submanifold_map(
         if not index.hashed:  # hash, table and (validate) check in one op call
             check, keeps_hash = validate and not index.validated, coords.shape[0] < index.RELEASE_ROWS
             # A set that keeps its hash gets table and hash in one allocation.
-            # A check left to the caller reads the word's early copy (its ticket).
+            # A check left to the caller reads the word's published host copy (its ticket).
             early = not validate and not index.validated
             slots, table, error, ticket = _HASHED_SUBMANIFOLD_TABLE(
                 coords, kernel_size, step, check, keeps_hash, early

@@ -57,7 +57,7 @@ def layer_map(
         entry = _downsampling_entry_for_transpose(x, kernel_size, stride, dilation)
         rmap = _transposed(entry)
     else:
-        entry = _forward_entry(x, kernel_size, stride, dilation, generative)
+        entry = _forward_entry(x, kernel_size, stride, dilation, generative, defer_check)
         rmap = entry.rmap
     if indice_key is not None:
         cache.named.setdefault(indice_key, entry)
@@ -77,7 +77,9 @@ def layer_map(
     return LayerMap(rmap, entry.out_coords, entry.out_stride, cache, unchecked)
 
 
-def _forward_entry(x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: bool) -> MapEntry:
+def _forward_entry(
+    x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: bool, defer_check: bool
+) -> MapEntry:
     ts = x.stride
     if generative:
         if any(t % si for t, si in zip(ts, s, strict=True)):
@@ -93,7 +95,8 @@ def _forward_entry(x: VoxelTensor, k: Triple, s: Triple, d: Triple, generative: 
         entry = MapEntry(rmap, x.coords, ts, out, tuple(t // si for t, si in zip(ts, s, strict=True)))
     elif s == (1, 1, 1):
         index = x.cache.coord_index(x.coords, ts)
-        rmap = km.submanifold_map(x.coords, k, d, ts, index=index, validate=False)  # see layer_map
+        # Checked inside the map op unless deferred (one op call less; see layer_map).
+        rmap = km.submanifold_map(x.coords, k, d, ts, index=index, validate=not defer_check)
         entry = MapEntry(rmap, x.coords, ts, x.coords, ts)
     else:
         out_ts = tuple(t * si for t, si in zip(ts, s, strict=True))

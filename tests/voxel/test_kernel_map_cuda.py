@@ -145,7 +145,7 @@ def test_one_buffer_table_and_hash_equal_the_split_ones(kernel):
     tables = []
     for one_buffer in (False, True):
         slots, table, error, ticket = op(coords, kernel, (1, 1, 1), True, one_buffer)
-        assert ticket == -1  # checked inside the op: no early read queued
+        assert ticket == -1  # checked inside the op: no ticket left to the caller
         torch.ops.relconv.check_coords(error)  # the word of a good set: no problem recorded
         tables.append(table.cpu())
         later = table_op(coords, slots, coords, (5, 5, 5), (1, 1, 1), torch.int32)
@@ -156,9 +156,38 @@ def test_one_buffer_table_and_hash_equal_the_split_ones(kernel):
     assert table.shape == (0, 27) and slots.numel() > 0
 
 
+@pytest.mark.parametrize("bad", [None, "duplicate"])
+def test_large_set_takes_the_split_kernels_and_agrees(bad):
+    """Past 2^18 rows a one-buffer submanifold map is a memset and two kernels instead of the one
+    cooperative launch of smaller sets: same table as the split ops, same check of the rows."""
+    op = torch.ops.relconv.hashed_submanifold_table.default
+    coords = scene(n=330_000, size=60, seed=21).cuda()
+    assert coords.shape[0] > 2**18
+    if bad is None:
+        slots, table, error, ticket = op(coords, (3, 3, 3), (1, 1, 1), True, True)
+        assert ticket == -1
+        ref_slots, _ = torch.ops.relconv.coord_hash(coords)
+        ref = torch.ops.relconv.kernel_map_table(coords, ref_slots, coords, (3, 3, 3), (1, 1, 1), torch.int32)
+        assert torch.equal(table, ref)
+        small = coords[:5000]
+        part = op(small, (3, 3, 3), (1, 1, 1), True, True)[1]  # the fused kernel
+        small_slots, _ = torch.ops.relconv.coord_hash(small)
+        want = torch.ops.relconv.kernel_map_table(
+            small, small_slots, small, (3, 3, 3), (1, 1, 1), torch.int32
+        )
+        assert torch.equal(part, want)
+    else:
+        dup = torch.cat([coords, coords[-1:]])
+        with pytest.raises(ValueError, match="duplicate"):
+            op(dup, (3, 3, 3), (1, 1, 1), True, True)
+        _, _, error, ticket = op(dup, (3, 3, 3), (1, 1, 1), False, True, True)
+        with pytest.raises(ValueError, match="duplicate"):
+            torch.ops.relconv.check_coords(error, ticket)
+
+
 @pytest.mark.parametrize("one_buffer", [False, True])
-def test_deferred_checks_read_the_early_copy_and_survive_a_reused_slot(one_buffer):
-    """With `early_read` the op queues its error word's copy to the host and returns its ticket;
+def test_deferred_checks_read_the_published_word_and_survive_a_reused_slot(one_buffer):
+    """With `early_read` the op has its error word published to the host and returns its ticket;
     check_coords with the ticket raises exactly as with the device word alone. A ticket whose slot
     newer ones have taken (the ring holds 64), or one already read, falls back to the device word."""
     op = torch.ops.relconv.hashed_submanifold_table.default
@@ -169,7 +198,7 @@ def test_deferred_checks_read_the_early_copy_and_survive_a_reused_slot(one_buffe
     for coords, match in ((good, None), (dup, "duplicate"), (neg, "non-negative")):
         _, _, error, ticket = op(coords, (3, 3, 3), (1, 1, 1), False, one_buffer, True)
         assert ticket >= 0
-        for t in (ticket, ticket, -1):  # the early copy, then twice the device word
+        for t in (ticket, ticket, -1):  # the published copy, then twice the device word
             if match is None:
                 torch.ops.relconv.check_coords(error, t)
             else:
@@ -181,7 +210,7 @@ def test_deferred_checks_read_the_early_copy_and_survive_a_reused_slot(one_buffe
     torch.ops.relconv.check_coords(error, ticket)
     with pytest.raises(ValueError, match="duplicate"):
         torch.ops.relconv.check_coords(old_error, old_ticket)
-    assert op(good, (3, 3, 3), (1, 1, 1), False, one_buffer)[3] == -1  # no early read asked for
+    assert op(good, (3, 3, 3), (1, 1, 1), False, one_buffer)[3] == -1  # no published word asked for
 
 
 @pytest.mark.parametrize("bad", ["duplicate", "negative_batch"])
