@@ -11,6 +11,7 @@ import argparse
 import faulthandler
 import fnmatch
 import json
+import subprocess
 import sys
 from functools import partial
 from pathlib import Path
@@ -47,6 +48,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warmup-seconds", type=float, default=None, help="minimum warm-up per case (default 0.3 s)"
     )
     p.add_argument("--list", action="store_true", help="print the selected case names and exit")
+    p.add_argument(
+        "--phase",
+        choices=["all", "time", "instrument"],
+        default="all",
+        help="time: agreement and timing only; instrument: add the profiler's counts (host syncs, "
+        "kernel launches, GPU time) to DIR/results.json's timed rows; all (default): time here, "
+        "then instrument in a child process (a profile slows every later CUDA call of its process)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -89,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         queued_blocks=1 if args.tiny else 5,
     )
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.phase == "instrument":
+        return _instrument(args, plan, timing)
     ceilings = {dev: measure_ceilings(torch.device(dev), args.tiny) for dev in _all_devices(plan)}
     peers = {}
     for name in suites:
@@ -116,9 +127,56 @@ def main(argv: list[str] | None = None) -> int:
     marker.unlink(missing_ok=True)
     ctx.clear()
     report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
-    plots = report.plot(rows, args.out)
-    print(f"\nwrote {json_path} and {', '.join(p.name for p in plots) or 'no plots'}")
+    if args.phase == "time":
+        print(f"\nwrote {json_path} (timings; the profiler's counts come with --phase instrument)")
+        return 0
+    if "cuda" in _all_devices(plan):
+        argv = sys.argv[1:] if argv is None else argv
+        return subprocess.call([sys.executable, "-m", "benchmarks.run", *argv, "--phase", "instrument"])
+    _report(rows, args.out)  # nothing to profile off CUDA
+    return 0
+
+
+def _report(rows: list[dict], out: Path) -> None:
+    plots = report.plot(rows, out)
+    print(f"\nwrote {out / 'results.json'} and {', '.join(p.name for p in plots) or 'no plots'}")
     print(report.table(rows))
+
+
+def _instrument(args: argparse.Namespace, plan, timing: TimingConfig) -> int:
+    """Adds host_syncs, kernel_launches and gpu_ms to the timed rows of DIR/results.json that lack
+    them, case by case (rewriting the file after each); then plots and prints the table. A case
+    during which an earlier instrument process died keeps its rows uncounted."""
+    json_path = args.out / "results.json"
+    saved = json.loads(json_path.read_text())
+    env, rows = saved["environment"], saved["rows"]
+    marker = args.out / "instrumenting.case"
+    crashed = marker.read_text().strip() if marker.exists() else None
+    counted = ("host_syncs", "kernel_launches", "gpu_ms")
+    todo = {
+        r["case"]
+        for r in rows
+        if r.get("device") == "cuda" and r.get("latency_ms") is not None and r.get("kernel_launches") is None
+    }
+    todo.discard(crashed)
+    bench.PHASE = "instrument"
+    ctx: dict = {}
+    peers = {}
+    for suite in {suite for suite, _ in plan}:
+        peers.update(_peers(suite, args.peers))
+    ceilings = {dev: measure_ceilings(torch.device(dev), tiny=True) for dev in _all_devices(plan)}
+    faulthandler.enable()
+    for suite, spec in report.progress([p for p in plan if p[1]["case"] in todo], len(todo), "profiles"):
+        marker.write_text(spec["case"])
+        suite_peers = {n: peers[n] for n in suite.PEERS if n in peers}
+        got = {r["impl"]: r for r in suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]])}
+        for r in rows:
+            if r["case"] == spec["case"] and r.get("latency_ms") is not None and r["impl"] in got:
+                r.update({k: got[r["impl"]].get(k) for k in counted})
+        report.write_json(json_path, env, rows, saved.get("args", {}))
+    marker.unlink(missing_ok=True)
+    ctx.clear()
+    _report(rows, args.out)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""One case across implementations: agree with the reference first, then time.
+"""One case across implementations: agree with the reference first, then time (or, in the
+instrument phase, profile one call of each).
 
 A suite describes each implementation of a case as a `Prepared`: the function timed per run, the
 rotated inputs it is fed, and a way to get a comparable output. The first implementation that
@@ -18,12 +19,18 @@ import torch
 from benchmarks.harness.floor import Ceilings
 from benchmarks.harness.instrument import profile_call
 from benchmarks.harness.schema import empty_row
-from benchmarks.harness.timing import TimingConfig, measure
+from benchmarks.harness.timing import TimingConfig, measure, warm_up
 from benchmarks.harness.tolerances import TOLERANCE
 
 # Called with the implementation's name before each one is built and run (benchmarks.run records
 # it next to the case in flight, so a native crash is attributed to relconv or to the peer).
 ON_IMPL: Callable[[str], None] | None = None
+
+# What run_case does per implementation: "time" (agreement check, then timing) or "instrument" (the
+# profiler's counts only: host_syncs, kernel_launches, gpu_ms). benchmarks.run runs the two in
+# separate processes: a profile leaves CUPTI attached to its process, and every CUDA call after it
+# pays for that (see instrument.py).
+PHASE = "time"
 
 
 class Unsupported(Exception):
@@ -109,6 +116,12 @@ def run_case(
             prepared = build()
             row["note"] = prepared.note
             row.update(prepared.extra)
+            if PHASE == "instrument":
+                if not name.startswith("ref-"):
+                    warm_up(prepared.fn, prepared.inputs, device, timing)  # autotuners first
+                    row.update(profile_call(prepared.fn, prepared.inputs[0], device))
+                rows.append(row)
+                continue
             key, values = prepared.output()
             if ref is None:
                 ref, ref_name = (key, values), name
@@ -133,7 +146,6 @@ def run_case(
                 runs=t.runs,
                 peak_mem_mib=t.peak_mem_mib,
             )
-            row.update(profile_call(prepared.fn, prepared.inputs[0], device))
             if floor_ms:
                 # Against the queued time: the floor is device work, and queuing hides host work.
                 row["x_floor"] = t.throughput_ms / floor_ms

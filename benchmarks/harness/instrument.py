@@ -6,7 +6,7 @@ launch. Counted over one call of the timed function (after warm-up, so autotuner
 - kernel_launches: GPU kernels that ran (CUPTI kernel activity; counts launches made through the
   runtime or the driver API alike, which matters for spconv's cumm kernels);
 - host_syncs: CUDA runtime calls that block the host until the device catches up (stream, device
-  and event synchronisation, and synchronous memcpy);
+  and event synchronisation, and synchronous memcpy), and relconv's waits for a published word;
 - gpu_ms: the device time of the call's kernels, memcpys and memsets (CUPTI activity durations),
   the median over PROFILED_CALLS calls. It does not depend on the host's speed: what the call
   costs the GPU, which the queued throughput approaches when the host keeps the GPU fed. On a
@@ -21,8 +21,25 @@ from collections.abc import Callable
 
 import torch
 
+# A profile leaves CUPTI attached to its process, and every later CUDA call and autograd backward
+# pays for it: on an H100 host a cached subm 3^3 C64 fp16 forward + backward went from ~190-250 us
+# per step to 320-510 us after one profiled call, a one-node backward from ~100-170 to 140-340 us
+# (gpu_checks/session17_probes.txt). So benchmarks.run profiles in a process of its own, after the
+# timings (bench.PHASE); until session 17 it profiled each case right after timing it, and every
+# case but the first of a process was timed with CUPTI attached, host-bound libraries (relconv
+# most) hurt the most.
+
 SYNC_CALLS = frozenset(
-    {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D"}
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "cudaMemcpy2D",
+        # relconv's coordinate checks wait for an error word a kernel publishes to pinned host
+        # memory, with no CUDA call; the wait is recorded under this name.
+        "relconv::wait_published_word",
+    }
 )
 
 

@@ -125,6 +125,22 @@ def throughput_ms(
     return (time.perf_counter() - t0) * 1e3 / runs
 
 
+def warm_up(
+    fn: Callable[[object], object], inputs: Sequence[object], device: torch.device, config: TimingConfig
+) -> int:
+    """Runs `fn` for config.warmup_runs calls and at least config.warmup_seconds; returns the count."""
+    n = len(inputs)
+    start = time.perf_counter()
+    i = 0
+    while i < config.warmup_runs or time.perf_counter() - start < config.warmup_seconds:
+        fn(inputs[i % n])
+        i += 1
+        if i % 4 == 0:
+            _sync(device)
+    _sync(device)
+    return i
+
+
 def measure(
     fn: Callable[[object], object],
     inputs: Sequence[object],
@@ -136,15 +152,7 @@ def measure(
     `fn` must do the whole case. The result of each call is dropped right away so that fwd+bwd
     graphs are freed between runs.
     """
-    n = len(inputs)
-    start = time.perf_counter()
-    i = 0
-    while i < config.warmup_runs or time.perf_counter() - start < config.warmup_seconds:
-        fn(inputs[i % n])
-        i += 1
-        if i % 4 == 0:
-            _sync(device)
-    _sync(device)
+    i = warm_up(fn, inputs, device, config)
     peak = peak_extra_memory_mib(fn, inputs[0], device)
     times = latencies_ms(fn, inputs, device, config.runs, start=i)
     blocks = [
