@@ -102,7 +102,8 @@ class CoordIndex:
             self._error, self._ticket = error, ticket
 
     def ensure_valid(self) -> None:
-        """Raises ValueError for duplicate rows or negative batch indices (one sync, first call only).
+        """Raises ValueError for duplicate rows or negative batch indices (one host wait, first call
+        only: for the word the map op published, else one sync).
         A downsampling step checks its input inside its op instead (`strided_coords`, ...)."""
         error = self.pending_error()
         if error is None:
