@@ -227,8 +227,11 @@ PublishedWords& published_words() {
   return *words;
 }
 
-// Reads a coordinate hash's error word (one host sync) and raises for the problems it records.
-void raise_word_errors(const at::Tensor& error, cudaStream_t stream) {
+// Raises for the problems a coordinate hash's error word records: the word published for `ticket`
+// when that is still held (PublishedWords), else the device word read through the pinned buffer
+// (one host sync; aten's item() costs several ops more of host time).
+void raise_word_errors(const at::Tensor& error, int64_t ticket, cudaStream_t stream) {
+  if (const std::optional<int32_t> word = published_words().wait(ticket)) return raise_coord_errors(~*word);
   raise_coord_errors(~read_device_words(error.const_data_ptr<int32_t>(), 1, stream)[0]);
 }
 
@@ -279,6 +282,9 @@ cuda::KernelGeometry geometry(at::IntArrayRef kernel_size, at::IntArrayRef step)
   return g;
 }
 
+// The 3^3 kernel, whose table kernels are specialised (kCube = 3 in kernel_map_query.cuh).
+bool is_cube3(const cuda::KernelGeometry& g) { return g.size[0] == 3 && g.size[1] == 3 && g.size[2] == 3; }
+
 // A submanifold map (the same coordinates on both sides) of an odd kernel is symmetric: half the
 // queries fill the table (submanifold_table_kernel), over a -1 fill.
 bool symmetric_table(bool same_coords, const cuda::KernelGeometry& g) {
@@ -293,7 +299,7 @@ void fill_table(const at::Tensor& ci, const at::Tensor& s, const at::Tensor& co,
   AT_DISPATCH_INDEX_TYPES(table.scalar_type(), "kernel_map_table", [&] {
     if (symmetric) {
       const int64_t threads = m * (g.volume / 2 + 1);
-      const bool cube3 = g.size[0] == 3 && g.size[1] == 3 && g.size[2] == 3 && threads <= INT32_MAX;
+      const bool cube3 = is_cube3(g) && threads <= INT32_MAX;
       const auto kernel = cube3 ? cuda::submanifold_table_kernel<index_t, 3> : cuda::submanifold_table_kernel<index_t, 0>;
       kernel<<<blocks_for(threads), cuda::kMapThreads, 0, stream>>>(view(ci, s), m, g, table.mutable_data_ptr<index_t>());
     } else {
@@ -565,7 +571,7 @@ bool fused_map(int64_t n, const cuda::KernelGeometry& g, bool one_buffer_int32) 
 }
 
 void launch_fused_map(cuda::FusedMapArgs a, cudaStream_t stream) {
-  const bool cube3 = a.g.size[0] == 3 && a.g.size[1] == 3 && a.g.size[2] == 3;
+  const bool cube3 = is_cube3(a.g);
   const int64_t work = std::max(a.n * cuda::submanifold_queries(a.g.volume), a.fill_words / 4);
   const int64_t blocks = std::min<int64_t>((work + cuda::kMapThreads - 1) / cuda::kMapThreads,
                                            cube3 ? fused_blocks<3>() : fused_blocks<0>());
@@ -638,26 +644,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> hashed_submanifold_table
     throw;
   }
   if (check) {
-    const std::optional<int32_t> word = published_words().wait(ticket);
-    if (word.has_value()) {
-      raise_coord_errors(~*word);
-    } else {
-      raise_word_errors(error, stream);
-    }
+    raise_word_errors(error, ticket, stream);
     ticket = -1;
   }
   return {slots, table, error, ticket};
 }
 
-// A coordinate set's deferred check (CoordIndex.ensure_valid): the error word of its hash as
-// published for `ticket` when that is still held (PublishedWords), else read through the pinned
-// buffer (aten's item() costs several ops more of host time).
+// A coordinate set's deferred check (CoordIndex.ensure_valid).
 void check_coords_cuda(const at::Tensor& error, int64_t ticket) {
   TORCH_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.is_cuda(),
                     "error must be the int32 [1] CUDA error word of relconv::coord_hash");
   const c10::cuda::CUDAGuard guard(error.device());
-  if (const std::optional<int32_t> word = published_words().wait(ticket)) return raise_coord_errors(~*word);
-  raise_word_errors(error, c10::cuda::getCurrentCUDAStream());
+  raise_word_errors(error, ticket, c10::cuda::getCurrentCUDAStream());
 }
 
 }  // namespace
