@@ -187,7 +187,7 @@ class LayerSetup:
             first = conv(make_input(self.inputs[0]))  # builds (and, for "cached", caches) the map
         self.out_keys = first.coords.long()
         upstream = features(len(first.coords), spec["C"], self.dtype, self.device, seed=2, count=1)[0]
-        fn = layer_fn(
+        fn, held = layer_fn(
             spec, lambda f: conv(make_input(f)).feats, [conv.weight], self.inputs, upstream, self.device
         )
 
@@ -196,7 +196,7 @@ class LayerSetup:
                 out = conv(make_input(self.inputs[0]))
             return out.coords.long(), out.feats.float()
 
-        return Prepared(fn=fn, inputs=self.inputs, output=output)
+        return Prepared(fn=fn, inputs=self.inputs, output=output, held=held)
 
     def dense(self) -> Prepared:
         """Dense conv3d / conv_transpose3d over the bounding grid (tiny scenes only)."""

@@ -10,6 +10,7 @@ its output agrees with the reference's, else its row says "mismatch". An impleme
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,10 @@ class Prepared:
     output: returns `(key, values)`: `values` [M, C] rows of the case's result and `key` [M, k]
         integer row identities (coordinates) to align rows between implementations, or None when
         rows are already in the same order.
+    held: a context manager factory entered once around the warm-up, the timed calls and the
+        profiled ones: the state a user sets once before a loop (TF32 switches, a library's own
+        precision switch), not per call. Entered per call, a generator context manager cost every
+        implementation ~10-15 us of harness time per call, a large share of a host-bound case.
     """
 
     fn: Callable[[object], object]
@@ -57,6 +62,7 @@ class Prepared:
     output: Callable[[], tuple[torch.Tensor | None, torch.Tensor]]
     note: str = ""
     extra: dict = field(default_factory=dict)
+    held: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
 def _align(key: torch.Tensor | None, values: torch.Tensor, ref_key: torch.Tensor | None):
@@ -118,8 +124,9 @@ def run_case(
             row.update(prepared.extra)
             if PHASE == "instrument":
                 if not name.startswith("ref-"):
-                    warm_up(prepared.fn, prepared.inputs, device, timing)  # autotuners first
-                    row.update(profile_call(prepared.fn, prepared.inputs[0], device))
+                    with prepared.held():
+                        warm_up(prepared.fn, prepared.inputs, device, timing)  # autotuners first
+                        row.update(profile_call(prepared.fn, prepared.inputs[0], device))
                 rows.append(row)
                 continue
             key, values = prepared.output()
@@ -137,7 +144,8 @@ def run_case(
                 row["status"] = "reference"
                 rows.append(row)
                 continue
-            t = measure(prepared.fn, prepared.inputs, device, timing)
+            with prepared.held():
+                t = measure(prepared.fn, prepared.inputs, device, timing)
             row.update(
                 latency_ms=t.latency_ms,
                 p20_ms=t.p20_ms,

@@ -66,39 +66,34 @@ def training(spec: dict) -> bool:
 
 
 def layer_fn(spec: dict, make_output, params, inputs, upstream, device, library_precision=None):
-    """The timed function of a layer case: forward, or forward + backward of `upstream`.
+    """The timed function of a layer case and the state it runs under, `(fn, held)` for `Prepared`.
 
-    `library_precision(dtype_name)`: a peer's own precision switch, held over forward and backward."""
+    fn: the forward (under no_grad, as a user's inference loop runs it), or forward + backward of
+    `upstream`. held: TF32 as the dtype asks and the peer's own precision switch
+    (`library_precision(dtype_name)`), set once around the timed loop like a user sets them."""
     lib = library_precision or (lambda _: contextlib.nullcontext())
+
+    @contextlib.contextmanager
+    def held():
+        with precision(spec["dtype"], device), lib(spec["dtype"]):
+            yield
+
     if spec["pass_"] == "fwd":
-        if library_precision is None:
-            # The common case keeps the per-call wrapper to what a user's loop has (no_grad) plus a
-            # TF32 check: a forward over a cached map takes ~60 us, and a generator-based context
-            # manager per call added ~15 us to the harness's number (benchmarks/crosscheck.py flagged it).
-            tf32 = spec["dtype"] == "tf32"
-
-            def fn(f):
-                set_tf32(tf32)
-                with torch.no_grad():
-                    return make_output(f)
-
-            return fn
 
         def fn(f):
-            with torch.no_grad(), precision(spec["dtype"], device), lib(spec["dtype"]):
+            with torch.no_grad():
                 return make_output(f)
 
-        return fn
+        return fn, held
     # Every input becomes a leaf (replaced in place in the list the Prepared rotates through), so a
     # timed run's graph starts at its input and never reaches anything built before timing.
     for i, f in enumerate(inputs):
         inputs[i] = f.detach().requires_grad_(True)
 
     def fn(f):
-        with precision(spec["dtype"], device), lib(spec["dtype"]):
-            for p in params:
-                p.grad = None
-            f.grad = None
-            make_output(f).backward(upstream)
+        for p in params:
+            p.grad = None
+        f.grad = None
+        make_output(f).backward(upstream)
 
-    return fn
+    return fn, held

@@ -185,7 +185,7 @@ def layer_case(setup: LayerSetup) -> Prepared:
         # spconv network reuses maps by passing each layer's output on; sharing the dict is that.
         base.indice_dict.update(first.indice_dict)
     upstream = prepare.features(first.features.shape[0], c, dtype, device, seed=2, count=1)[0]
-    fn = prepare.layer_fn(
+    fn, held = prepare.layer_fn(
         spec, lambda f: conv(make_input(f)).features, [conv.weight], inputs, upstream, device
     )
 
@@ -195,7 +195,7 @@ def layer_case(setup: LayerSetup) -> Prepared:
         return keys(out, out_stride), out.features.float()
 
     note = "padding 1: outputs every coarse site in reach" if spec["op"] == "down3" else ""
-    return Prepared(fn=fn, inputs=inputs, output=output, note=note)
+    return Prepared(fn=fn, inputs=inputs, output=output, note=note, held=held)
 
 
 def e2e_case(setup: E2ESetup) -> Prepared:

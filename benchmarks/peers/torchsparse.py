@@ -240,7 +240,7 @@ def layer_case(setup: LayerSetup) -> Prepared:
     with torch.no_grad(), precision(spec["dtype"]):
         first = conv3d(make_input(inputs[0]))
     upstream = prepare.features(first.feats.shape[0], c, dtype, device, seed=2, count=1)[0]
-    fn = prepare.layer_fn(
+    fn, held = prepare.layer_fn(
         spec,
         lambda f: conv3d(make_input(f)).feats,
         [conv3d.kernel],
@@ -258,7 +258,7 @@ def layer_case(setup: LayerSetup) -> Prepared:
     notes = ["padding 1: outputs every coarse site in reach"] if spec["op"] == "down3" else []
     if spec["dtype"] == "fp32":
         notes.append(EXACT_FP32_NOTE)
-    return Prepared(fn=fn, inputs=inputs, output=output, note="; ".join(notes))
+    return Prepared(fn=fn, inputs=inputs, output=output, note="; ".join(notes), held=held)
 
 
 def e2e_case(setup: E2ESetup) -> Prepared:

@@ -187,14 +187,16 @@ def layer_case(setup: LayerSetup) -> Prepared:
     with torch.no_grad():
         first = apply(inputs[0])
     upstream = prepare.features(first.feature_tensor.shape[0], c, dtype, device, seed=2, count=1)[0]
-    fn = prepare.layer_fn(spec, lambda f: apply(f).feature_tensor, [conv.weight], inputs, upstream, device)
+    fn, held = prepare.layer_fn(
+        spec, lambda f: apply(f).feature_tensor, [conv.weight], inputs, upstream, device
+    )
 
     def output():
         with torch.no_grad(), prepare.precision(spec["dtype"], device):
             out = apply(inputs[0])
         return keys(out, out_stride), out.feature_tensor.float()
 
-    return Prepared(fn=fn, inputs=inputs, output=output, note=EXACT_FP32_NOTE if exact else "")
+    return Prepared(fn=fn, inputs=inputs, output=output, note=EXACT_FP32_NOTE if exact else "", held=held)
 
 
 def e2e_case(setup: E2ESetup) -> Prepared:

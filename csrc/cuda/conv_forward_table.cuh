@@ -26,7 +26,7 @@ namespace relconv::cuda {
 template <typename T, typename Idx>
 struct ConvTableArgs {
   const T* x;          // [num_in, groups * cin_g]
-  const T* weight;     // [R, groups, cin_g, cout_g], contiguous
+  const T* weight;     // [R, groups, cin_g, cout_g] contiguous, or stored [R, groups, cout_g, cin_g] (weight_t)
   const Idx* table;    // [num_out, R], contiguous; input row or -1
   const Idx* order;    // [num_out] processing order of the outputs (table_order), or nullptr
   const T* bias;       // [groups * cout_g] added in the epilogue, or nullptr
@@ -34,6 +34,10 @@ struct ConvTableArgs {
   int64_t num_in, num_out, num_relations;
   int groups, cin_g, cout_g, n_tiles;
   bool vec_x, vec_w;   // 16-byte (and cp.async) loads allowed for x rows / W rows (see load_rows)
+  // `weight` holds W^T's storage (the input gradient's W[r]^T view, read in place; see
+  // stored_transposed): only the kernels made for it read it, and a launcher that has none for the
+  // shape returns false.
+  bool weight_t;
   bool vec_out2;       // two-element (4-byte) stores allowed for output rows
   bool relu;           // max(0, .) after the bias, in the epilogue
   int split = 1;       // CTAs per row tile, one cluster (relation_split_sum); sm_90+ only past 1
@@ -252,20 +256,29 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
   return chunk.count;
 }
 
-template <typename T, int BM, int BN, int BK, int kStages>
+// B is [BK][BN + 8] k-major, or [BN][BK + 16 bytes] n-major with kWeightT (W^T read as stored).
+template <typename T, int BM, int BN, int BK, int kStages, bool kWeightT = false>
 struct TableMmaSmem {
-  static constexpr int kLdA = BK + kVecElems<T>, kLdB = BN + 8;  // see MmaWarpTile on padding
-  static constexpr int kStage = BM * kLdA + BK * kLdB;  // elements
+  static constexpr int kLdA = BK + kVecElems<T>;  // see MmaWarpTile on padding
+  static constexpr int kLdB = kWeightT ? BK + kVecElems<T> : BN + 8;
+  static constexpr int kStage = BM * kLdA + (kWeightT ? BN : BK) * kLdB;  // elements
   static constexpr int kStageBytes = kStage * static_cast<int>(sizeof(T));
   static constexpr int kRowsBytes = BM * kRowsLd * static_cast<int>(sizeof(int32_t));
   static constexpr int kBytes = kStages * kStageBytes + kRowsBytes;
   static_assert((BM * kLdA * sizeof(T)) % 16 == 0 && kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
 };
 
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kFull, bool kExact>
+// kWeightT (whole tiles of 16-bit types only): a.weight is W^T's storage, and the B stages hold
+// [BN][BK] slabs of its rows, so the input gradient needs no transposed copy of the weight (a launch
+// and an allocation per backward); the products and their order are the same as over the copy.
+// H100, the input gradient of the 64-beam scan's C64 fp16 layer: host 23-25 -> 11-13 us per op call,
+// GPU time unchanged (gpu_checks/session18_probes.txt).
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kFull, bool kExact,
+          bool kWeightT = false>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     conv_forward_table_mma(const ConvTableArgs<T, Idx> a) {
-  using Smem = TableMmaSmem<T, BM, BN, BK, kStages>;
+  static_assert(!kWeightT || (kFull && !kExact && sizeof(T) == 2), "W^T in place: whole 16-bit tiles only");
+  using Smem = TableMmaSmem<T, BM, BN, BK, kStages, kWeightT>;
   constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
   constexpr int kLdA = Smem::kLdA, kLdB = Smem::kLdB;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -283,7 +296,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
 
   const FixedChunkLoader<T, BM, BK, kThreads> a_loader;
-  const FixedChunkLoader<T, BK, BN, kThreads, /*kL1=*/true> b_loader;
+  const FixedChunkLoader<T, kWeightT ? BN : BK, kWeightT ? BK : BN, kThreads, /*kL1=*/true> b_loader;
   std::conditional_t<kExact, SimtWarpTile<WM, WN>, MmaWarpTile<T, WM, WN>> tile;
   tile.zero();
   // Stages are used round robin across relation chunks; the next step to load is (relation
@@ -311,8 +324,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
           const uint32_t r = row >= 0 ? static_cast<uint32_t>(row) : 0u;
           return typename decltype(a_loader)::Row{xk + static_cast<uint64_t>(r) * ldx32, row >= 0};
         });
-        const T* wk = w + int64_t{k0} * cout + n0;
-        b_loader.load(Bs, kLdB, [&](int k) { return typename decltype(b_loader)::Row{wk + int64_t{k} * cout, true}; });
+        if constexpr (kWeightT) {  // row n of the slab: W^T's stored row n0 + n from k0
+          const T* wn = w + int64_t{n0} * cin + k0;
+          b_loader.load(Bs, kLdB, [&](int n) { return typename decltype(b_loader)::Row{wn + int64_t{n} * cin, true}; });
+        } else {
+          const T* wk = w + int64_t{k0} * cout + n0;
+          b_loader.load(Bs, kLdB, [&](int k) { return typename decltype(b_loader)::Row{wk + int64_t{k} * cout, true}; });
+        }
         return;
       }
       const auto a_rows = [&](int i) {
@@ -346,7 +364,11 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       cp_async_commit();
       const T* As = stages + mma_stage * Smem::kStage;
       mma_stage = mma_stage + 1 == kStages ? 0 : mma_stage + 1;
-      tile.template mma<BK>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN, kLdB);
+      if constexpr (kWeightT) {
+        tile.template mma<BK, false, true>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN * kLdB, kLdB);
+      } else {
+        tile.template mma<BK>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN, kLdB);
+      }
     }
     cp_async_wait<0>();
   }

@@ -132,40 +132,46 @@ dim3 table_grid(cuda::ConvTableArgs<T, Idx>& a) {
 }
 
 template <typename T, typename Idx, typename Cfg>
-void launch_forward_table_simt(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
+bool launch_forward_table_simt(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
   const dim3 grid = table_grid<Cfg>(a);
   constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN);
   cuda::conv_forward_table_simt<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN><<<grid, kThreads, 0, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
 }
 
-template <typename T, typename Idx, typename Cfg, int kStages, bool kFull, bool kExact>
-void launch_forward_table_mma_kernel(const cuda::ConvTableArgs<T, Idx>& a, dim3 grid, cudaStream_t stream) {
+template <typename T, typename Idx, typename Cfg, int kStages, bool kFull, bool kExact, bool kWeightT = false>
+bool launch_forward_table_mma_kernel(const cuda::ConvTableArgs<T, Idx>& a, dim3 grid, cudaStream_t stream) {
   constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
-  constexpr int kBytes = cuda::TableMmaSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
-  constexpr auto kernel =
-      cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kFull, kExact>;
+  constexpr int kBytes = cuda::TableMmaSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages, kWeightT>::kBytes;
+  constexpr auto kernel = cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages,
+                                                       kFull, kExact, kWeightT>;
   allow_dynamic_smem<kernel>(kBytes);
   cuda::ConvTableArgs<T, Idx> args = a;
   args.split = relation_split(int64_t{grid.x} * grid.y, a.num_relations);
   launch_split(kernel, grid, kThreads, kBytes, stream, args);
+  return true;
 }
 
 // The whole-tile kernel (kFull, see conv_forward_table_mma) runs when x and W allow 16-byte loads and
 // the channels fill whole tiles (cached subm 3^3 C64 fp16 on the 64-beam scan: 80 -> 56 us). It is
 // instantiated for int32 tables only (an int64 table means more than 2^31 outputs, rare enough for the
-// general kernel), and needs x's row stride below 2^31 for its 32-bit row multiply.
+// general kernel), and needs x's row stride below 2^31 for its 32-bit row multiply. Only it reads a
+// W^T in place (a.weight_t, 16-bit types): other shapes return false for the caller to copy W^T.
 template <typename T, typename Idx, typename Cfg, int kStages, bool kExact>
-void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
+bool launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
   const dim3 grid = table_grid<Cfg>(a);
   if constexpr (std::is_same_v<Idx, int32_t>) {
     const int64_t ldx = int64_t{a.groups} * a.cin_g;
     if (a.vec_x && a.vec_w && a.vec_out2 && a.cin_g % Cfg::BK == 0 && a.cout_g % Cfg::BN == 0 &&
         ldx <= std::numeric_limits<int32_t>::max()) {
-      return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, true, kExact>(a, grid, stream);
+      if constexpr (sizeof(T) == 2 && !kExact) {
+        if (a.weight_t) return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, true, kExact, true>(a, grid, stream);
+      }
+      if (!a.weight_t) return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, true, kExact>(a, grid, stream);
     }
   }
-  launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, false, kExact>(a, grid, stream);
+  return !a.weight_t && launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, false, kExact>(a, grid, stream);
 }
 
 // Tensor-core configurations count K steps in bytes: 128 (64 halves, 32 floats) past C_in 64, else
@@ -190,10 +196,10 @@ void launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream
 constexpr int64_t kTallTileRows = 100000;
 
 template <typename T, typename Idx>
-void forward_table_mma_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
+bool forward_table_mma_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
   constexpr int kWideK = 128 / sizeof(T), kNarrowK = 64 / sizeof(T);
   if constexpr ((std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) && std::is_same_v<Idx, int32_t>) {
-    if (a.cout_g >= 64 && forward_table_wgmma<T>(a, stream)) return;
+    if (a.cout_g >= 64 && forward_table_wgmma<T>(a, stream)) return true;
   }
   if (a.cin_g >= 64 && a.cout_g > 32) {
     if (a.cout_g <= 64 && a.num_out >= kTallTileRows) {
@@ -214,7 +220,8 @@ void forward_table_mma_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream
 // tiles: 64-row tiles give more blocks and a finer grain for skipping relations. Tensor-core tiles
 // keep 4 warps and 16-64 accumulators per thread.
 template <typename T, typename Idx>
-void forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream) {
+bool forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream) {
+  if (a.weight_t && sizeof(T) != 2) return false;  // only 16-bit kernels read W^T in place
   if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
     return forward_table_mma_by_width<T, Idx>(a, stream);
   } else {
@@ -251,11 +258,52 @@ int64_t weight_grad_target_tiles(int64_t target_blocks, int64_t blocks_per_tile,
   return std::clamp<int64_t>(target_blocks / std::max<int64_t>(1, blocks_per_tile), 1, std::max<int64_t>(1, max_tiles));
 }
 
+// The tensor-core weight gradient as one cooperative launch (conv_weight_grad_mma_fused), when a
+// launch may be cooperative now and enough blocks fit the GPU at once: at least as many tiles as
+// relations beside the relations' partial tiles, within the target block count and the workspace
+// bound. An undefined tensor (nothing launched) otherwise.
+// H100, 64-beam scan, C64 fp16 (2M pairs), one op call (in-process A/B, gpu_checks/session18_probes.txt):
+// host 29-32 -> 13-15 us, GPU (queued) 46-47.5 -> 45-46 us. A first form, block 0 writing the schedule
+// behind a second grid barrier and one lane per output quad in the reduction, took 54 us of GPU.
+template <typename T, typename Idx, typename Cfg, int kStages>
+at::Tensor launch_weight_grad_fused(cuda::WeightGradArgs<T, Idx> a, int64_t y, int64_t target_blocks,
+                                    const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
+  constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
+  constexpr int kBytes = cuda::WeightGradSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
+  constexpr auto kernel = cuda::conv_weight_grad_mma_fused<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages>;
+  if (!cooperative_ok()) return {};
+  allow_dynamic_smem<kernel>(kBytes);
+  const int64_t per_relation = int64_t{a.groups} * a.cin_g * a.cout_g;
+  const int64_t blocks_per_tile = y * a.groups;
+  const int64_t fit = resident_blocks<kernel>(kThreads, kBytes) / blocks_per_tile - a.num_relations;
+  const int64_t room = kMaxWorkspaceBytes / (per_relation * int64_t{sizeof(float)}) - a.num_relations;
+  const int64_t target_tiles = std::min({target_blocks / blocks_per_tile, fit, room});
+  if (target_tiles < a.num_relations) return {};
+  const int64_t tiles = target_tiles + a.num_relations;  // the schedule's bound
+  // One allocation: the tiles' partial sums, then the schedule (R + 2 int64 after 16-byte floats).
+  at::Tensor work = at::empty({tiles * per_relation + 2 * (a.num_relations + 2)}, opts.dtype(at::kFloat));
+  a.partial = work.mutable_data_ptr<float>();
+  a.schedule = reinterpret_cast<int64_t*>(a.partial + tiles * per_relation);
+  a.target_tiles = target_tiles;
+  at::Tensor dw = at::empty({a.num_relations, a.groups, a.cin_g, a.cout_g}, opts.dtype(out));
+  if (out == at::kFloat) {
+    a.dw = dw.mutable_data_ptr<float>();
+  } else {
+    a.dw_out = reinterpret_cast<T*>(dw.mutable_data_ptr());
+  }
+  void* args[] = {&a};
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y), static_cast<unsigned>(a.groups));
+  C10_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, dim3(kThreads), args,
+                                             kBytes, stream));
+  return dw;
+}
+
 // Launches one weight-gradient kernel over every relation and returns dW in `out` (x's dtype or the
-// float32 accumulator's: then the atomic path returns its buffer as it is). Deterministic
-// mode: per-tile partial sums, then weight_grad_reduce (3 launches, no atomics); otherwise atomics
-// into an fp32/fp64 buffer zeroed by the schedule launch, and a cast unless `out` is that buffer's
-// dtype (2 or 3 launches).
+// float32 accumulator's: then the atomic path returns its buffer as it is). Tensor cores: one
+// cooperative launch where it can (launch_weight_grad_fused). Otherwise, deterministic mode:
+// per-tile partial sums, then weight_grad_reduce (3 launches, no atomics); else atomics into an
+// fp32/fp64 buffer zeroed by the schedule launch, and a cast unless `out` is that buffer's dtype
+// (2 or 3 launches).
 template <typename T, typename Idx, typename Cfg, int kStages, bool kTensorCores>
 at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& rel_ptr, bool deterministic,
                               const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
@@ -263,13 +311,17 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
   const int64_t y = int64_t{m_tiles} * a.n_tiles;
   check_grid_y(y, a.groups);
+  const int64_t target_blocks =
+      kTensorCores ? 4 * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
+  if constexpr (kTensorCores) {
+    at::Tensor dw = launch_weight_grad_fused<T, Idx, Cfg, kStages>(a, y, target_blocks, opts, out, stream);
+    if (dw.defined()) return dw;
+  }
   const auto acc = acc_dtype(opts.dtype().toScalarType());
   const int64_t per_relation = int64_t{a.groups} * a.cin_g * a.cout_g;
   const int64_t acc_bytes = static_cast<int64_t>(c10::elementSize(acc));
   const int64_t max_tiles = deterministic ? kMaxWorkspaceBytes / (per_relation * acc_bytes) - a.num_relations
                                           : std::numeric_limits<int64_t>::max();
-  const int64_t target_blocks =
-      kTensorCores ? 4 * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
   const int64_t target_tiles = weight_grad_target_tiles(target_blocks, y * a.groups, max_tiles);
   // The atomic accumulator is zeroed by the schedule launch; the deterministic partials (sized by
   // the schedule's tile bound) are each written once.
@@ -354,8 +406,8 @@ void forward_pairs(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& rel
 }
 
 template <typename T, typename Idx>
-void forward_table(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream) {
-  forward_table_by_width<T, Idx>(a, tf32, stream);
+bool forward_table(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream) {
+  return forward_table_by_width<T, Idx>(a, tf32, stream);
 }
 
 template <typename T, typename Idx>
@@ -372,9 +424,9 @@ at::Tensor weight_grad(const cuda::WeightGradArgs<T, Idx>& a, const at::Tensor& 
                                                            const at::Tensor&, cudaStream_t);                  \
   template void relconv::launch::forward_pairs<T, int64_t>(const relconv::cuda::ConvForwardArgs<T, int64_t>&, \
                                                            const at::Tensor&, cudaStream_t);                  \
-  template void relconv::launch::forward_table<T, int32_t>(const relconv::cuda::ConvTableArgs<T, int32_t>&,   \
+  template bool relconv::launch::forward_table<T, int32_t>(const relconv::cuda::ConvTableArgs<T, int32_t>&,   \
                                                            bool, cudaStream_t);                               \
-  template void relconv::launch::forward_table<T, int64_t>(const relconv::cuda::ConvTableArgs<T, int64_t>&,   \
+  template bool relconv::launch::forward_table<T, int64_t>(const relconv::cuda::ConvTableArgs<T, int64_t>&,   \
                                                            bool, cudaStream_t);                               \
   template at::Tensor relconv::launch::weight_grad<T, int32_t>(                                               \
       const relconv::cuda::WeightGradArgs<T, int32_t>&, const at::Tensor&, bool, const at::TensorOptions&,   \

@@ -17,15 +17,16 @@ namespace relconv::launch {
 template <typename T, typename Idx>
 void forward_pairs(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& rel_ptr, cudaStream_t stream);
 
-// Output-stationary forward over a neighbour table (tf32: float on TF32 tensor cores).
+// Output-stationary forward over a neighbour table (tf32: float on TF32 tensor cores). Returns
+// false, launching nothing, only for a.weight_t (W^T's storage) when no kernel for the shape reads
+// it in place (16-bit whole-tile kernels and wgmma do): the caller then passes a contiguous copy.
 template <typename T, typename Idx>
-void forward_table(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream);
+bool forward_table(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream);
 
-// The Hopper wgmma table forward (conv_launch_wgmma.cu) when this device, build and shape take it;
-// false (nothing launched) otherwise. T: __half or __nv_bfloat16. `weight_t`: a.weight is stored
-// transposed, [R, groups, cout_g, cin_g] (see contiguous_weight); only this kernel reads that layout.
+// The Hopper wgmma table forward (conv_launch_wgmma.cu) when this device, build and shape take it
+// (a.weight_t included); false (nothing launched) otherwise. T: __half or __nv_bfloat16.
 template <typename T>
-bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream, bool weight_t = false);
+bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream);
 
 // dW [R, G, C_in/G, C_out/G] in dtype `out` (deterministic: no atomics, bitwise reproducible).
 template <typename T, typename Idx>

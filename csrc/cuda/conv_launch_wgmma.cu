@@ -166,18 +166,17 @@ bool launch_by_width(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stre
 }
 
 template <typename T>
-bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream, bool weight_t) {
+bool forward_table_wgmma(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   const int64_t ldx = int64_t{a.groups} * a.cin_g;
   if (a.cin_g % 64 != 0 || a.cout_g % 64 != 0 || !a.vec_x || !a.vec_w || !a.vec_out2 ||
       ldx > std::numeric_limits<int32_t>::max() || int64_t{a.cout_g / 64} * a.groups > 65535 || !wgmma_available()) {
     return false;
   }
   if (a.cout_g == 64) return false;  // the mma.sync kernel is faster (session 15 above)
-  return weight_t ? launch_by_width<T, true>(a, stream) : launch_by_width<T, false>(a, stream);
+  return a.weight_t ? launch_by_width<T, true>(a, stream) : launch_by_width<T, false>(a, stream);
 }
 
-template bool forward_table_wgmma<__half>(const cuda::ConvTableArgs<__half, int32_t>&, cudaStream_t, bool);
-template bool forward_table_wgmma<__nv_bfloat16>(const cuda::ConvTableArgs<__nv_bfloat16, int32_t>&, cudaStream_t,
-                                                 bool);
+template bool forward_table_wgmma<__half>(const cuda::ConvTableArgs<__half, int32_t>&, cudaStream_t);
+template bool forward_table_wgmma<__nv_bfloat16>(const cuda::ConvTableArgs<__nv_bfloat16, int32_t>&, cudaStream_t);
 
 }  // namespace relconv::launch

@@ -8,7 +8,11 @@
 // row-contiguous global reads, and the k-major layouts the MMA consumes. A block reduces its whole
 // tile in registers, then either adds its partial dW into the fp32/fp64 buffer with atomics
 // (`partial` null), or stores it to `partial[tile]`, and weight_grad_reduce sums the tiles of each
-// relation in tile order: the deterministic mode, bitwise reproducible.
+// relation in tile order: the deterministic mode, bitwise reproducible. The tensor-core kernel also
+// runs all of that as one cooperative launch (conv_weight_grad_mma_fused): schedule, tile sums and
+// the reduction in phases separated by grid barriers, deterministic as well.
+#include <cooperative_groups.h>
+
 #include <cstdint>
 #include <type_traits>
 
@@ -30,6 +34,12 @@ struct WeightGradArgs {
   const acc_t<T>* scale;   // [P] or nullptr
   acc_t<T>* dw;            // [R, groups, cin_g, cout_g], zero-initialised (atomic mode)
   acc_t<T>* partial;       // [tiles, groups, cin_g, cout_g] per-tile sums (deterministic mode), or nullptr
+  // The fused kernel only: it writes the schedule into `schedule` ([R + 2], tile_ptr's layout) for
+  // `target_tiles` (relation_tile_offsets), then reads it as tile_ptr; the reduction goes to
+  // `dw_out` (x's dtype) or, when that is null, to `dw` (the accumulator's dtype).
+  int64_t* schedule;
+  int64_t target_tiles;
+  T* dw_out;
   int64_t num_in, num_out, num_pairs, num_relations;
   int groups, cin_g, cout_g, n_tiles;
   bool vec_x, vec_g;       // 16-byte vector loads allowed for x rows / grad_out rows
@@ -75,22 +85,19 @@ struct WeightGradSmem {
   static_assert(kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
 };
 
+// One block's pair tile `t` (block-wide), summed into dw with atomics or stored to partial[blockIdx.x].
 template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
-    conv_weight_grad_mma(const WeightGradArgs<T, Idx> a) {
+__device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx>& a, const PairTile& t,
+                                                     unsigned char* smem) {
   static_assert(BM == BN, "x and grad_out tiles share one chunk mapping");
   using Smem = WeightGradSmem<T, BM, BN, BK, kStages>;
   constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
   constexpr int kLdA = Smem::kLdA, kLdB = Smem::kLdB;
   using Loader = FixedChunkLoader<T, BK, BM, kThreads>;
   constexpr int kRows = Loader::kRowsPerThread;
-  extern __shared__ __align__(16) unsigned char smem[];
   T* stages = reinterpret_cast<T*>(smem);
   float* s_scale = reinterpret_cast<float*>(smem + kStages * Smem::kStageBytes);  // [kStages][BK]
 
-  const PairTile t =
-      locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.tile_ptr[a.num_relations + 1], blockIdx.x);
-  if (!t.valid) return;
   const int g = blockIdx.z, m0 = (blockIdx.y / a.n_tiles) * BM, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
   const int64_t ldx = int64_t{a.groups} * cin, ldg = int64_t{a.groups} * cout;
@@ -195,14 +202,88 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     const int r = row0 + m, c = col0 + n;
     if (r >= cin || c >= cout) return;
     const int64_t e = int64_t{r} * cout + c;
-    if (partial) {
+    if (partial && c + 1 < cout) {  // e is even here (16-byte rows: even C_out): one 8-byte store
+      *reinterpret_cast<float2*>(partial + e) = make_float2(v0, v1);
+    } else if (partial) {
       partial[e] = v0;
-      if (c + 1 < cout) partial[e + 1] = v1;
     } else {
       atomicAdd(a.dw + rel_block + e, v0);
       if (c + 1 < cout) atomicAdd(a.dw + rel_block + e + 1, v1);
     }
   });
+}
+
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+    conv_weight_grad_mma(const WeightGradArgs<T, Idx> a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const PairTile t =
+      locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.tile_ptr[a.num_relations + 1], blockIdx.x);
+  if (t.valid) weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages>(a, t, smem);
+}
+
+// The weight gradient in one cooperative launch (every block resident at once), where the split
+// form costs three launches and three allocations per backward (schedule and zeroing, tiles with
+// atomics, rounding): a measurable share of a training step's host time.
+//   1. Each block finds its own pair tile from rel_ptr (own_pair_tile: relation_tile_offsets'
+//      schedule, computed by one warp), and block 0 writes that schedule to a.schedule.
+//   2. Every block sums its tile into partial[tile].
+//   3. After a grid barrier (which also orders the memory), all blocks reduce the tiles of each
+//      relation in a fixed order and round once into the output.
+// No atomics and no zeroed buffer: bitwise reproducible whatever the deterministic switch says.
+// What phase 1 and 2 wrote is read in phase 3 with ld.cg (L2), never through the non-coherent path.
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+    conv_weight_grad_mma_fused(const WeightGradArgs<T, Idx> a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ PairTile s_tile;
+  if (threadIdx.x < 32) {
+    const bool first = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+    const PairTile t = own_pair_tile(a.rel_ptr, a.num_relations, a.num_pairs, a.target_tiles, BK, blockIdx.x,
+                                     first ? a.schedule : nullptr);
+    if (threadIdx.x == 0) s_tile = t;
+  }
+  __syncthreads();
+  const PairTile t = s_tile;
+  if (t.valid) weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages>(a, t, smem);
+  cooperative_groups::this_grid().sync();
+
+  // Phase 3. kParts consecutive lanes share an output quad (4 floats; per_relation is a multiple of 4:
+  // 16-byte rows have an even C_out, a multiple of 4 for float), lane k summing tiles k, k + kParts,
+  // ..., then a fixed butterfly: more loads in flight per quad than one lane walking all its tiles.
+  constexpr int kParts = 4;
+  const int lane = threadIdx.x % 32, part = lane % kParts;
+  const int64_t per_relation = int64_t{a.groups} * a.cin_g * a.cout_g, quads = a.num_relations * per_relation / 4;
+  const int64_t warps = int64_t{gridDim.x} * gridDim.y * gridDim.z * (blockDim.x / 32);
+  const int64_t warp = ((int64_t{blockIdx.z} * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * (blockDim.x / 32) +
+                       threadIdx.x / 32;
+  constexpr int kQuadsPerWarp = 32 / kParts;
+  for (int64_t base = warp * kQuadsPerWarp; base < quads; base += warps * kQuadsPerWarp) {  // warp-uniform
+    const int64_t q = base + lane / kParts;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    int64_t r = 0, e = 0;
+    if (q < quads) {
+      r = q * 4 / per_relation, e = q * 4 - r * per_relation;
+      const int64_t end = __ldcg(a.schedule + r + 1);
+#pragma unroll 4
+      for (int64_t tile = __ldcg(a.schedule + r) + part; tile < end; tile += kParts) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(a.partial + tile * per_relation + e));
+        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+      }
+    }
+#pragma unroll
+    for (int d = 1; d < kParts; d *= 2) {
+      sum.x += __shfl_xor_sync(0xffffffffu, sum.x, d), sum.y += __shfl_xor_sync(0xffffffffu, sum.y, d);
+      sum.z += __shfl_xor_sync(0xffffffffu, sum.z, d), sum.w += __shfl_xor_sync(0xffffffffu, sum.w, d);
+    }
+    if (q >= quads || part != 0) continue;
+    if (a.dw_out) {
+      T* o = a.dw_out + q * 4;
+      o[0] = from_acc<T>(sum.x), o[1] = from_acc<T>(sum.y), o[2] = from_acc<T>(sum.z), o[3] = from_acc<T>(sum.w);
+    } else {
+      reinterpret_cast<float4*>(a.dw)[q] = sum;
+    }
+  }
 }
 
 // SIMT variant (float / double), same dataflow; thread (tm, tn) owns an interleaved TM x TN sub-tile.

@@ -5,6 +5,7 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -21,6 +22,26 @@ void allow_dynamic_smem(int bytes) {
     return true;
   }();
   (void)opted_in;
+}
+
+// Blocks of `Kernel` (`threads` threads, `smem_bytes` of dynamic shared memory) resident on the
+// current device at once: the most a cooperative launch may have. The occupancy query runs once per
+// process and kernel.
+template <auto Kernel>
+int64_t resident_blocks(int threads, int smem_bytes) {
+  static const int per_sm = [&] {
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem_bytes));
+    return blocks;
+  }();
+  return int64_t{per_sm} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
+// Whether a cooperative launch (grid-wide barriers) may run now: the device supports it and no CUDA
+// graph is being captured (the split kernels are what a graph records).
+inline bool cooperative_ok() {
+  return at::cuda::getCurrentDeviceProperties()->cooperativeLaunch &&
+         c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
 }
 
 // CTAs per row tile for a table kernel of `blocks` CTAs over `relations` relations (clusters need

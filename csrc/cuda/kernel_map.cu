@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cuda/device_buffers.h"
+#include "cuda/kernel_launch.h"
 #include "cuda/kernel_map_fused.cuh"
 #include "cuda/kernel_map_hash.cuh"
 #include "cuda/kernel_map_query.cuh"
@@ -548,33 +549,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hashed_strided_table_cuda(
 // parallelism and memset bandwidth matter more than the launches they cost.
 constexpr int64_t kFusedMapRows = int64_t{1} << 18;
 
-// Blocks of fused_submanifold_map<kCube> resident on the current device at once: the most a
-// cooperative launch may have.
-template <int kCube>
-int64_t fused_blocks() {
-  static const int per_sm = [] {
-    int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, cuda::fused_submanifold_map<kCube>,
-                                                                 cuda::kMapThreads, 0));
-    return std::max(blocks, 1);
-  }();
-  return int64_t{per_sm} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-}
-
 // Whether fused_submanifold_map builds a map of n rows: a one-buffer int32 table of a symmetric
-// kernel, small, on a GPU with cooperative launches, and no graph being captured (the split
-// kernels are what a graph records).
+// kernel, small, and a cooperative launch possible now (launch::cooperative_ok).
 bool fused_map(int64_t n, const cuda::KernelGeometry& g, bool one_buffer_int32) {
-  return one_buffer_int32 && n > 0 && n <= kFusedMapRows && symmetric_table(true, g) &&
-         at::cuda::getCurrentDeviceProperties()->cooperativeLaunch &&
-         c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
+  return one_buffer_int32 && n > 0 && n <= kFusedMapRows && symmetric_table(true, g) && launch::cooperative_ok();
 }
 
 void launch_fused_map(cuda::FusedMapArgs a, cudaStream_t stream) {
   const bool cube3 = is_cube3(a.g);
   const int64_t work = std::max(a.n * cuda::submanifold_queries(a.g.volume), a.fill_words / 4);
-  const int64_t blocks = std::min<int64_t>((work + cuda::kMapThreads - 1) / cuda::kMapThreads,
-                                           cube3 ? fused_blocks<3>() : fused_blocks<0>());
+  const int64_t resident = cube3 ? launch::resident_blocks<cuda::fused_submanifold_map<3>>(cuda::kMapThreads, 0)
+                                 : launch::resident_blocks<cuda::fused_submanifold_map<0>>(cuda::kMapThreads, 0);
+  const int64_t blocks = std::min<int64_t>((work + cuda::kMapThreads - 1) / cuda::kMapThreads, resident);
   const void* kernel = reinterpret_cast<const void*>(cube3 ? cuda::fused_submanifold_map<3> : cuda::fused_submanifold_map<0>);
   void* args[] = {&a};
   C10_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(cuda::kMapThreads),

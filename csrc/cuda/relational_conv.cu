@@ -169,12 +169,15 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.cout_g = static_cast<int>(s.cout_g);
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
     a.vec_out2 = s.cout_g % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * sizeof(T)) == 0;
-    if constexpr ((std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) && std::is_same_v<Idx, int32_t>) {
-      // The input gradient's W^T view: the wgmma kernel reads it as it is stored, with no copy.
-      if (s.cout_g >= 64 && stored_transposed(weight)) {
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+      // The input gradient's W^T view: the whole-tile kernels read it as it is stored (rows of C_in_g),
+      // with no transposed copy; other shapes take the copy below.
+      if (stored_transposed(weight)) {
         a.weight = ptr<T>(weight);
+        a.weight_t = true;
         a.vec_w = s.cin_g % V == 0 && aligned16(a.weight);
-        if (launch::forward_table_wgmma<T>(a, stream, /*weight_t=*/true)) return;
+        if (launch::forward_table<T, Idx>(a, false, stream)) return;
+        a.weight_t = false;
       }
     }
     const at::Tensor wc = contiguous_weight(weight, stream);

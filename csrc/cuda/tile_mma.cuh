@@ -114,6 +114,8 @@ __device__ __forceinline__ unsigned to_tf32(unsigned bits) {
 // types; for float, whose k-major fragments are single 32-bit loads (ldmatrix cannot transpose
 // 32-bit elements), rows padded by 8 elements keep the 32 lanes of a load (k = lane % 4,
 // m or n = lane / 4) in distinct banks.
+// With kBNMajor (16-bit types), B is n-major instead: B(k, n) at b[n * ldb + k], loaded with the
+// plain ldmatrix (the input gradient's W^T read as W is stored; ldb padded by 16 bytes as above).
 // Hooks see the B fragments of each k block before they are used (NoFragmentHook: none); float
 // fragments hold fp32 bits there, with element (k + tig, n) in register 0 and (k + tig + 4, n) in 1.
 struct NoFragmentHook {
@@ -141,9 +143,10 @@ struct MmaWarpTile {
   }
 
   // a, b point at this warp's (m, k = 0) and (k = 0, n) origins in shared memory.
-  template <int BK, bool kAKMajor = false, typename BHook = NoFragmentHook>
+  template <int BK, bool kAKMajor = false, bool kBNMajor = false, typename BHook = NoFragmentHook>
   __device__ __forceinline__ void mma(const T* a, int lda, const T* b, int ldb, BHook b_hook = {}) {
     static_assert(BK % kMmaK == 0, "K step must be whole mma blocks");
+    static_assert(!(kBNMajor && kTf32), "n-major B is read by ldmatrix: 16-bit types only");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
     // ldmatrix x4 row addresses: lanes 0-15 rows 0-15 of the first 16 bytes of k, lanes 16-31 of the
@@ -181,6 +184,15 @@ struct MmaWarpTile {
         for (int j = 0; j < kTilesN; ++j) {
           fb[j][0] = __float_as_uint(b[(k + tig) * ldb + j * 8 + gid]);
           fb[j][1] = __float_as_uint(b[(k + tig + 4) * ldb + j * 8 + gid]);
+        }
+      } else if constexpr (kBNMajor) {
+#pragma unroll
+        for (int j = 0; j < kTilesN; j += 2) {
+          unsigned r[4];
+          // The same four 8 x 8 matrices, stored n-major: lane l addresses n row l % 8 (+ 8 for
+          // lanes 16-31) at k + 8 for lanes 8-15 and 24-31.
+          ldmatrix_x4(r, b + (j * 8 + (lane / 16) * 8 + lane % 8) * ldb + k + (lane / 8 % 2) * 8);
+          fb[j][0] = r[0], fb[j][1] = r[1], fb[j + 1][0] = r[2], fb[j + 1][1] = r[3];
         }
       } else {
 #pragma unroll

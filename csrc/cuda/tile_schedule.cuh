@@ -76,4 +76,47 @@ __device__ __forceinline__ PairTile locate_tile(const int64_t* __restrict__ rel_
   return {true, lo, begin, min(begin + pairs_per_tile, pr.end)};
 }
 
+// Tile `tile` of the target_tiles schedule of relation_tile_offsets, found by one warp (all 32 lanes
+// call it; every lane gets the result) straight from rel_ptr, without a schedule launch: a warp scan
+// of the relations' tile counts, 32 relations at a time. With `schedule` non-null the warp also
+// writes the whole schedule there in tile_ptr's layout.
+__device__ __forceinline__ PairTile own_pair_tile(const int64_t* __restrict__ rel_ptr, int64_t num_relations,
+                                                  int64_t num_pairs, int64_t target_tiles, int64_t granule,
+                                                  int64_t tile, int64_t* __restrict__ schedule) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t p = min(max(rel_ptr[num_relations], int64_t{0}), num_pairs);
+  const int64_t per_tile = max(int64_t{1}, ((p + target_tiles - 1) / target_tiles + granule - 1) / granule) * granule;
+  if (schedule && lane == 0) schedule[0] = 0, schedule[num_relations + 1] = per_tile;
+  PairTile found{false, 0, 0, 0};
+  int64_t carry = 0;
+  for (int64_t base = 0; base < num_relations; base += 32) {
+    const int64_t r = base + lane;
+    PairRange pr{0, 0};
+    int64_t tiles = 0;
+    if (r < num_relations) {
+      pr = relation_pairs(rel_ptr, r, num_pairs);
+      tiles = (pr.end - pr.begin + per_tile - 1) / per_tile;
+    }
+    int64_t inclusive = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int64_t v = __shfl_up_sync(kAll, inclusive, d);
+      if (lane >= d) inclusive += v;
+    }
+    const int64_t first = carry + inclusive - tiles;
+    if (schedule && r < num_relations) schedule[r + 1] = carry + inclusive;
+    if (tile >= first && tile < first + tiles) {
+      const int64_t begin = pr.begin + (tile - first) * per_tile;
+      found = {true, r, begin, min(begin + per_tile, pr.end)};
+    }
+    carry += __shfl_sync(kAll, inclusive, 31);
+  }
+  const unsigned owner = __ballot_sync(kAll, found.valid);
+  if (owner == 0) return found;
+  const int src = __ffs(owner) - 1;
+  return {true, __shfl_sync(kAll, found.relation, src), __shfl_sync(kAll, found.begin, src),
+          __shfl_sync(kAll, found.end, src)};
+}
+
 }  // namespace relconv::cuda

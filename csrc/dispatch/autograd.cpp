@@ -51,18 +51,18 @@ bool differentiated(bool recording, const at::Tensor& a, const at::Tensor& b, co
 int64_t given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? 1 : 0; }
 
 // grad_x [num_in, C_in] = the table forward of `grad` over the transposed table with `weight_t`
-// (W[r]^T per group, 4-D). The pairs are passed as absent (empty, see pairs_absent): the table
-// kernel reads none. The forward's own table goes in as this call's transposed table, so that its
-// input gradient (the double backward in `grad`) is a table forward again; its weight gradient
-// rebuilds the pairs from the transposed table only when it is taken.
-at::Tensor table_input_grad(const at::Tensor& grad, const at::Tensor& weight_t, const at::Tensor& transposed_table,
-                            const at::Tensor& transposed_order, const at::Tensor& table,
-                            const at::Tensor& table_order, const c10::SymInt& num_in) {
-  const at::Tensor no_index = at::empty({0}, transposed_table.options());
-  const at::Tensor no_ptr = at::empty({0}, transposed_table.options().dtype(at::kLong));
-  return conv_op().call(grad, weight_t, no_index, no_index, no_ptr, std::nullopt, num_in,
-                        transposed_table, as_optional(transposed_order), std::nullopt, false, table,
-                        as_optional(table_order));
+// (W[r]^T per group, 4-D). The pairs go in swapped, as the forward saved them: the transposed map's
+// pairs, or the absent ones (empty, see pairs_absent) when the forward needed none; the table kernel
+// reads neither, and reusing them spares two allocations per backward (host time on every training
+// step). The forward's own table goes in as this call's transposed table, so that its input
+// gradient (the double backward in `grad`) is a table forward again; its weight gradient rebuilds
+// the pairs from the transposed table only when they are absent.
+at::Tensor table_input_grad(const at::Tensor& grad, const at::Tensor& weight_t, const at::Tensor& in_index,
+                            const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                            const at::Tensor& transposed_table, const at::Tensor& transposed_order,
+                            const at::Tensor& table, const at::Tensor& table_order, const c10::SymInt& num_in) {
+  return conv_op().call(grad, weight_t, out_index, in_index, rel_ptr, std::nullopt, num_in, transposed_table,
+                        as_optional(transposed_order), std::nullopt, false, table, as_optional(table_order));
 }
 
 class ConvFunction : public torch::autograd::Function<ConvFunction> {
@@ -140,7 +140,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       // (contiguous_weight).
       const at::Tensor weight_t = weight.transpose(-2, -1);
       if (transposed_table.defined()) {  // saved only when given on CUDA
-        grad_x = table_input_grad(grad, weight_t, transposed_table, transposed_order, table, table_order, num_in);
+        grad_x = table_input_grad(grad, weight_t, in_index, out_index, rel_ptr, transposed_table, transposed_order,
+                                  table, table_order, num_in);
       } else {
         grad_x = conv_op().call(grad, weight_t, out_index, in_index, rel_ptr, scale, num_in,
                                 std::nullopt, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);

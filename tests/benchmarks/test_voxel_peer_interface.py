@@ -77,7 +77,7 @@ def _layer_case(setup) -> Prepared:
     with torch.no_grad():
         first = conv(make_input(inputs[0]))
     upstream = prepare.features(len(first.coords), c, setup.dtype, setup.device, seed=2, count=1)[0]
-    fn = prepare.layer_fn(
+    fn, held = prepare.layer_fn(
         spec, lambda f: conv(make_input(f)).feats, [conv.weight], inputs, upstream, setup.device
     )
 
@@ -86,7 +86,7 @@ def _layer_case(setup) -> Prepared:
             out = conv(make_input(inputs[0]))
         return out.coords.long(), out.feats.float()
 
-    return Prepared(fn=fn, inputs=inputs, output=output)
+    return Prepared(fn=fn, inputs=inputs, output=output, held=held)
 
 
 STAND_IN = VoxelPeer(

@@ -1,13 +1,15 @@
 """The CUDA weight gradient (pipelined tensor-core kernel, SIMT fallback) against the float64
 reference, in both reduction modes: atomics, and the deterministic per-tile partial sums taken under
-torch.use_deterministic_algorithms(True)."""
+torch.use_deterministic_algorithms(True). Outside graph capture the tensor-core kernel runs as one
+cooperative launch (deterministic in either mode); a captured graph records the split kernels."""
 
 import pytest
 import torch
 
 from relconv import relational_conv_weight_grad
-from tests.conftest import requires_cuda
+from tests.conftest import allow_tf32, requires_cuda
 from tests.ops.maps import TOLERANCE, random_map, rel_error
+from tests.ops.test_tf32_cuda import TF32_TOLERANCE
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
@@ -104,3 +106,40 @@ def test_unaligned_rows_take_the_fallback(dtype):
     assert x.data_ptr() % 16 and grad.data_ptr() % 16
     dw = relational_conv_weight_grad(x, grad, rmap)
     assert rel_error(dw, _reference(x, grad, rmap, 1)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_the_one_launch_tensor_core_path_is_bitwise_reproducible(dtype):
+    """No atomics in the cooperative kernel: the same bits call after call, deterministic switch off."""
+    rmap = random_map(3000, 2800, 27, 60000, "cuda", torch.int32, with_scale=False)
+    x, grad = _inputs(3000, 2800, 64, 64, dtype)
+    with allow_tf32(dtype == torch.float32):  # fp32 takes the tensor cores in TF32 mode
+        first = relational_conv_weight_grad(x, grad, rmap)
+        for _ in range(3):
+            assert torch.equal(relational_conv_weight_grad(x, grad, rmap), first)
+    tolerance = TF32_TOLERANCE if dtype == torch.float32 else TOLERANCE[dtype]
+    assert rel_error(first, _reference(x, grad, rmap, 1)) < tolerance
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("cin,cout", [(32, 32), (64, 64), (128, 128)])
+def test_a_captured_graph_records_the_split_kernels(deterministic, dtype, cin, cout):
+    """Under capture the weight gradient takes the split kernels (schedule, tiles, reduction or
+    rounding); replayed, they agree with the eager one-launch result and the reference."""
+    rmap = random_map(500, 450, 7, 6000, "cuda", torch.int32, with_scale=False)
+    x, grad = _inputs(500, 450, cin, cout, dtype)
+    eager = relational_conv_weight_grad(x, grad, rmap)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        relational_conv_weight_grad(x, grad, rmap)  # warm-up outside capture, as torch asks
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = relational_conv_weight_grad(x, grad, rmap)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = _reference(x, grad, rmap, 1)
+    assert rel_error(captured, ref) < TOLERANCE[dtype]
+    assert rel_error(eager, ref) < TOLERANCE[dtype]
+    assert not captured[0].any()  # the empty relation

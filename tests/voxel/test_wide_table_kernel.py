@@ -84,13 +84,15 @@ def test_input_gradient_of_a_wide_layer_matches_the_reference(dtype, c):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+# whole: the channels fill whole tiles of the 16-bit kernels (C_out 48 does not).
 @pytest.mark.parametrize(
-    "groups, cin, cout", [(1, 64, 64), (1, 128, 256), (2, 128, 128), (1, 32, 32), (1, 64, 48)]
+    "groups, cin, cout, whole",
+    [(1, 64, 64, True), (1, 128, 256, True), (2, 128, 128, True), (1, 32, 32, True), (1, 64, 48, False)],
 )
-def test_a_transposed_weight_view_runs_as_its_copy(dtype, groups, cin, cout):
-    """The input gradient passes W^T as a view (autograd.cpp): the wgmma kernel reads it as stored,
-    other kernels get one transpose launch (contiguous_weight); either way the output is the one of
-    the contiguous copy, bit for bit."""
+def test_a_transposed_weight_view_runs_as_its_copy(dtype, groups, cin, cout, whole):
+    """The input gradient passes W^T as a view (autograd.cpp): the 16-bit whole-tile kernels (wgmma
+    and mma.sync) read it as stored, other kernels get one transpose launch (contiguous_weight);
+    either way the output is the one of the contiguous copy, bit for bit."""
     rmap = _map(seed=5)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(rmap.num_in, cin, generator=gen).to("cuda", dtype)
@@ -108,10 +110,9 @@ def test_a_transposed_weight_view_runs_as_its_copy(dtype, groups, cin, cout):
     for w in views:
         assert not w.is_contiguous()
         assert torch.equal(run(w), run(w.contiguous()))
-    wgmma = _hopper() and dtype in (torch.float16, torch.bfloat16) and cin % 64 == 0 and cout % 64 == 0
-    wgmma = wgmma and cout // groups != 64  # C_out_g 64 takes the mma.sync kernel (conv_launch_wgmma.cu)
+    in_place = whole and dtype in (torch.float16, torch.bfloat16)
     kernels = _kernels(lambda: run(views[0]))
-    assert any("transpose_matrices" in k for k in kernels) != wgmma
+    assert any("transpose_matrices" in k for k in kernels) != in_place
 
 
 def test_other_strided_weights_run_as_their_copy():
