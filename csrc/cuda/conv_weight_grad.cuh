@@ -9,8 +9,8 @@
 // tile in registers, then either adds its partial dW into the fp32/fp64 buffer with atomics
 // (`partial` null), or stores it to `partial[tile]`, and weight_grad_reduce sums the tiles of each
 // relation in tile order: the deterministic mode, bitwise reproducible. The tensor-core kernel also
-// runs all of that as one cooperative launch (conv_weight_grad_mma_fused): schedule, tile sums and
-// the reduction in phases separated by grid barriers, deterministic as well.
+// runs all of that as one cooperative launch (conv_weight_grad_mma_fused): schedule, tile sums and,
+// after a grid barrier, the reduction; deterministic as well.
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -34,9 +34,9 @@ struct WeightGradArgs {
   const acc_t<T>* scale;   // [P] or nullptr
   acc_t<T>* dw;            // [R, groups, cin_g, cout_g], zero-initialised (atomic mode)
   acc_t<T>* partial;       // [tiles, groups, cin_g, cout_g] per-tile sums (deterministic mode), or nullptr
-  // The fused kernel only: it writes the schedule into `schedule` ([R + 2], tile_ptr's layout) for
-  // `target_tiles` (relation_tile_offsets), then reads it as tile_ptr; the reduction goes to
-  // `dw_out` (x's dtype) or, when that is null, to `dw` (the accumulator's dtype).
+  // The fused kernel only: each block finds its tile of the `target_tiles` schedule itself, block 0
+  // writes that schedule to `schedule` ([R + 2], tile_ptr's layout) for the reduction, and the
+  // reduction goes to `dw_out` (x's dtype) or, when that is null, to `dw` (the accumulator's dtype).
   int64_t* schedule;
   int64_t target_tiles;
   T* dw_out;
