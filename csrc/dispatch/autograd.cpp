@@ -136,8 +136,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       const at::Tensor weight = !cast.defined()            ? saved_weight
                                 : at::GradMode::is_enabled() ? saved_weight.to(x.scalar_type())  // recorded
                                                              : cast;
-      // W[r]^T per group in either layout (3-D or 4-D): one view, copied by the CUDA op in one launch
-      // (contiguous_weight).
+      // W[r]^T per group in either layout (3-D or 4-D): one view, which the 16-bit whole-tile CUDA
+      // kernels read as stored and the others get copied in one launch (contiguous_weight).
       const at::Tensor weight_t = weight.transpose(-2, -1);
       if (transposed_table.defined()) {  // saved only when given on CUDA
         grad_x = table_input_grad(grad, weight_t, in_index, out_index, rel_ptr, transposed_table, transposed_order,
