@@ -258,6 +258,12 @@ int64_t weight_grad_target_tiles(int64_t target_blocks, int64_t blocks_per_tile,
   return std::clamp<int64_t>(target_blocks / std::max<int64_t>(1, blocks_per_tile), 1, std::max<int64_t>(1, max_tiles));
 }
 
+// The largest target tile count whose per-tile partial sums (`per_relation` elements of
+// `elem_bytes` each) fit kMaxWorkspaceBytes: the schedule makes up to target + R tiles.
+int64_t workspace_target_tiles(int64_t per_relation, int64_t elem_bytes, int64_t num_relations) {
+  return kMaxWorkspaceBytes / (per_relation * elem_bytes) - num_relations;
+}
+
 // The tensor-core weight gradient as one cooperative launch (conv_weight_grad_mma_fused), when a
 // launch may be cooperative now and enough blocks fit the GPU at once: at least as many tiles as
 // relations beside the relations' partial tiles, within the target block count and the workspace
@@ -276,7 +282,7 @@ at::Tensor launch_weight_grad_fused(cuda::WeightGradArgs<T, Idx> a, int64_t y, i
   const int64_t per_relation = int64_t{a.groups} * a.cin_g * a.cout_g;
   const int64_t blocks_per_tile = y * a.groups;
   const int64_t fit = resident_blocks<kernel>(kThreads, kBytes) / blocks_per_tile - a.num_relations;
-  const int64_t room = kMaxWorkspaceBytes / (per_relation * int64_t{sizeof(float)}) - a.num_relations;
+  const int64_t room = workspace_target_tiles(per_relation, sizeof(float), a.num_relations);
   const int64_t target_tiles = std::min({target_blocks / blocks_per_tile, fit, room});
   if (target_tiles < a.num_relations) return {};
   const int64_t tiles = target_tiles + a.num_relations;  // the schedule's bound
@@ -320,7 +326,7 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   const auto acc = acc_dtype(opts.dtype().toScalarType());
   const int64_t per_relation = int64_t{a.groups} * a.cin_g * a.cout_g;
   const int64_t acc_bytes = static_cast<int64_t>(c10::elementSize(acc));
-  const int64_t max_tiles = deterministic ? kMaxWorkspaceBytes / (per_relation * acc_bytes) - a.num_relations
+  const int64_t max_tiles = deterministic ? workspace_target_tiles(per_relation, acc_bytes, a.num_relations)
                                           : std::numeric_limits<int64_t>::max();
   const int64_t target_tiles = weight_grad_target_tiles(target_blocks, y * a.groups, max_tiles);
   // The atomic accumulator is zeroed by the schedule launch; the deterministic partials (sized by

@@ -24,11 +24,7 @@ __global__ void __launch_bounds__(kScheduleThreads)
   if (threadIdx.x == 0) {
     carry = 0;
     tile_ptr[0] = 0;
-    if (target_tiles > 0) {
-      const int64_t p = min(max(rel_ptr[num_relations], int64_t{0}), num_pairs);
-      const int64_t per_tile = (p + target_tiles - 1) / target_tiles;
-      pairs_per_tile = max(int64_t{1}, (per_tile + granule - 1) / granule) * granule;
-    }
+    if (target_tiles > 0) pairs_per_tile = target_tile_size(rel_ptr, num_relations, num_pairs, target_tiles, granule);
     tile_size = pairs_per_tile;
     tile_ptr[num_relations + 1] = pairs_per_tile;
   }

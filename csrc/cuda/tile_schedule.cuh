@@ -31,6 +31,14 @@ __device__ __forceinline__ PairRange relation_pairs(const int64_t* __restrict__ 
 
 constexpr int kScheduleThreads = 512;
 
+// The tile size of a schedule for `target_tiles`: the smallest multiple of `granule` that cuts the
+// rel_ptr[R] pairs (clamped into [0, num_pairs]) into at most target_tiles tiles.
+__device__ __forceinline__ int64_t target_tile_size(const int64_t* __restrict__ rel_ptr, int64_t num_relations,
+                                                    int64_t num_pairs, int64_t target_tiles, int64_t granule) {
+  const int64_t p = min(max(rel_ptr[num_relations], int64_t{0}), num_pairs);
+  return max(int64_t{1}, ((p + target_tiles - 1) / target_tiles + granule - 1) / granule) * granule;
+}
+
 // tile_ptr[0] = 0, tile_ptr[r + 1] = tile_ptr[r] + ceil(pairs of relation r / pairs_per_tile), and
 // tile_ptr[R + 1] = pairs_per_tile (tile_ptr has R + 2 entries). With target_tiles > 0 the tile size
 // is the smallest multiple of `granule` that cuts the P = rel_ptr[R] pairs into at most target_tiles
@@ -85,8 +93,7 @@ __device__ __forceinline__ PairTile own_pair_tile(const int64_t* __restrict__ re
                                                   int64_t tile, int64_t* __restrict__ schedule) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t p = min(max(rel_ptr[num_relations], int64_t{0}), num_pairs);
-  const int64_t per_tile = max(int64_t{1}, ((p + target_tiles - 1) / target_tiles + granule - 1) / granule) * granule;
+  const int64_t per_tile = target_tile_size(rel_ptr, num_relations, num_pairs, target_tiles, granule);
   if (schedule && lane == 0) schedule[0] = 0, schedule[num_relations + 1] = per_tile;
   PairTile found{false, 0, 0, 0};
   int64_t carry = 0;
