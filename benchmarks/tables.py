@@ -1,0 +1,228 @@
+"""Markdown tables from benchmarks/results/results.json, written into README.md and docs/performance.md.
+
+    python -m benchmarks.tables            # rewrite every generated block in place
+    python -m benchmarks.tables --check    # exit 1 if a block differs from the results (CI runs this
+                                           # through tests/benchmarks/test_tables.py)
+    python -m benchmarks.tables --print headline
+
+A generated block sits between `<!-- tables:NAME -->` and `<!-- /tables:NAME -->`; the text between
+the two markers is the script's and is replaced whole. A speedup is the best peer's time over
+relconv's, the lower of the latency and the queued-throughput ratios (`report.speedup`); the best
+peer of a case is the one with the lowest speedup. GPU time (`gpu_ms`, from the profiler) gives the
+host-free ratio where both sides have it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.harness import report
+from benchmarks.harness.schema import time_ms
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "results.json"
+DOCS = (REPO / "README.md", REPO / "docs" / "performance.md")
+
+WORKLOADS = {
+    "scan32": "32-beam scan",
+    "scan64": "64-beam scan",
+    "scan128": "128-beam scan",
+    "scan64b2": "two 64-beam scans",
+    "scan64x3": "three 64-beam scans",
+    "scan128x8": "3.5M-voxel scene",
+    "indoor": "indoor room",
+    "kitti-real": "real scan",
+}
+OPS = {"subm3": "subm 3³", "down2": "down 2³", "down3": "down 3³", "up2": "up 2³"}
+
+# The README's rows: the layers a point-cloud network spends its time in, whole networks, and R-GCN.
+HEADLINE = (
+    "voxel/cuda/layer/scan64/subm3/C64/fp16/cached/fwd",
+    "voxel/cuda/layer/scan64/subm3/C128/fp16/cached/fwd",
+    "voxel/cuda/layer/kitti-real/subm3/C64/fp16/cached/fwd",
+    "voxel/cuda/layer/scan64/subm3/C64/fp32/cached/fwd",
+    "voxel/cuda/layer/scan64/subm3/C64/fp16/fresh/fwd",
+    "voxel/cuda/layer/scan64/down2/C64/fp16/fresh/fwd",
+    "voxel/cuda/layer/scan128x8/subm3/C64/fp16/fresh/fwd",
+    "voxel/cuda/layer/scan64/subm3/C64/fp16/cached/fwd+bwd",
+    "voxel/cuda/layer/scan64/subm3/C128/fp16/cached/fwd+bwd",
+    "voxel/cuda/e2e/minkunet1.0/scan64/infer/fp16",
+    "voxel/cuda/e2e/minkunet1.0/kitti-real/infer/fp16",
+    "voxel/cuda/e2e/minkunet1.0/scan64b2/train/fp16",
+    "graph/cuda/AIFB/layer/C64/mean/fp32/cached/fwd",
+    "graph/cuda/AIFB/layer/C64/mean/fp32/cached/fwd+bwd",
+    "graph/cuda/AIFB/rgcn2/fp32/cached/fwd+bwd",
+)
+PEER_NAMES = {"pyg": "PyG RGCNConv", "pyg-fast": "PyG FastRGCNConv", "torchsparse": "TorchSparse++"}
+
+
+@dataclass
+class Comparison:
+    case: str
+    relconv: dict
+    peer: dict
+    speedup: float
+    gpu_speedup: float | None
+
+
+def load(path: Path = RESULTS) -> list[dict]:
+    return json.loads(path.read_text())["rows"]
+
+
+def comparisons(rows: list[dict]) -> dict[str, Comparison]:
+    """Per case that relconv and at least one peer timed: relconv against its best peer."""
+    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r["status"] == "ok":
+            by_case[r["case"]][r["impl"]] = r
+    out = {}
+    for case, impls in by_case.items():
+        rc = impls.get("relconv")
+        if rc is None:
+            continue
+        timed = [
+            (sp, impl)
+            for impl, row in impls.items()
+            if not report.is_relconv(impl) and (sp := report.speedup(row, rc)) is not None
+        ]
+        if timed:
+            sp, impl = min(timed)
+            out[case] = Comparison(case, rc, impls[impl], sp, report.gpu_speedup(impls[impl], rc))
+    return out
+
+
+def label(row: dict) -> str:
+    """A case in words, e.g. `subm 3³ C64 fp16, cached map, fwd+bwd (64-beam scan)`."""
+    if row["suite"] == "graph":
+        what = "2-layer R-GCN" if row["kind"] == "rgcn2" else f"R-GCN layer C{row['C']} {row['aggr']}"
+        return f"{what} {row['dtype']}, {row['map']} graph, {row['pass']} ({row['graph']})"
+    where = WORKLOADS.get(row["workload"], row["workload"])
+    if row["kind"] == "e2e":
+        mode = "inference" if row["mode"] == "infer" else "training step"
+        return f"MinkUNet {row['width']} {mode} {row['dtype']} ({where})"
+    op = OPS.get(row["op"], row["op"])
+    return f"{op} C{row['C']} {row['dtype']}, {row['map']} map, {row['pass']} ({where})"
+
+
+def _ms(row: dict) -> str:
+    return f"{time_ms(row, 'latency'):.3f} / {time_ms(row, 'throughput'):.3f}"
+
+
+def _table(comps: list[Comparison]) -> str:
+    lines = [
+        "| case | relconv ms | best peer | peer ms | speedup | GPU time |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for c in comps:
+        gpu = f"{c.gpu_speedup:.2f}×" if c.gpu_speedup else "–"
+        peer = PEER_NAMES.get(c.peer["impl"], c.peer["impl"])
+        lines.append(
+            f"| {label(c.relconv)} | {_ms(c.relconv)} | {peer} | {_ms(c.peer)} | {c.speedup:.2f}× | {gpu} |"
+        )
+    return "\n".join(lines)
+
+
+def headline(comps: dict[str, Comparison]) -> str:
+    return _table([comps[case] for case in HEADLINE if case in comps])
+
+
+def summary(comps: dict[str, Comparison]) -> str:
+    """One line per family of cases: how many relconv wins, by how much."""
+    families = {
+        "voxel layers": "voxel/cuda/layer/",
+        "MinkUNet networks": "voxel/cuda/e2e/",
+        "R-GCN layers and networks": "graph/cuda/",
+    }
+    lines = [
+        "| cases with a peer | count | relconv faster | ≥ 1.5× | median speedup |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, prefix in families.items():
+        sp = [c.speedup for case, c in comps.items() if case.startswith(prefix)]
+        if sp:
+            lines.append(
+                f"| {name} | {len(sp)} | {sum(s > 1 for s in sp)} | {sum(s >= 1.5 for s in sp)} "
+                f"| {statistics.median(sp):.2f}× |"
+            )
+    return "\n".join(lines)
+
+
+def _below(comps: dict[str, Comparison], low: float, high: float) -> str:
+    rows = sorted((c for c in comps.values() if low <= c.speedup < high), key=lambda c: c.speedup)
+    return _table(rows) if rows else "None."
+
+
+def losses(comps: dict[str, Comparison]) -> str:
+    """Every case where the best peer is faster than relconv."""
+    return _below(comps, 0.0, 1.0)
+
+
+def narrow(comps: dict[str, Comparison]) -> str:
+    """Every case where relconv wins by less than 1.5×."""
+    return _below(comps, 1.0, 1.5)
+
+
+def environment(path: Path = RESULTS) -> str:
+    """The GPU, torch and every peer that ran, from the merged runs' environments."""
+    env = json.loads(path.read_text())["environment"]
+    peers: dict[str, str] = {}
+    for run_env in [env, *(run["environment"] for run in env.get("runs", []))]:
+        for name, info in run_env["peers"].items():
+            if info["available"]:
+                peers[name] = info["version_or_reason"]
+    versions = ", ".join(f"{PEER_NAMES.get(n, n)} {v}" for n, v in sorted(peers.items()))
+    return f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}; peers: {versions}."
+
+
+BLOCKS = {
+    "environment": lambda comps: environment(),
+    "headline": headline,
+    "summary": summary,
+    "losses": losses,
+    "narrow": narrow,
+}
+MARKER = re.compile(r"(<!-- tables:(\w+) -->\n)(.*?)(<!-- /tables:\2 -->)", re.S)
+
+
+def render(text: str, comps: dict[str, Comparison]) -> str:
+    """`text` with every generated block replaced by its current content."""
+
+    def fill(m: re.Match) -> str:
+        if m.group(2) not in BLOCKS:
+            raise ValueError(f"unknown table block {m.group(2)!r}; known: {', '.join(BLOCKS)}")
+        return f"{m.group(1)}{BLOCKS[m.group(2)](comps)}\n{m.group(4)}"
+
+    return MARKER.sub(fill, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tables", description=__doc__)
+    p.add_argument("--check", action="store_true", help="report blocks that differ; change nothing")
+    p.add_argument("--print", dest="block", choices=sorted(BLOCKS), help="print one block")
+    args = p.parse_args(argv)
+    comps = comparisons(load())
+    if args.block:
+        print(BLOCKS[args.block](comps))
+        return 0
+    stale = []
+    for doc in DOCS:
+        text = doc.read_text()
+        new = render(text, comps)
+        if new != text:
+            stale.append(doc.relative_to(REPO))
+            if not args.check:
+                doc.write_text(new)
+    verb = "differ from the results" if args.check else "rewritten"
+    print(f"{', '.join(map(str, stale))}: {verb}" if stale else "tables up to date")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
