@@ -17,9 +17,9 @@ per-round ratios (blocks adjacent in time) is reported beside it. A ratio more t
 in latency or in throughput, is flagged: the harness is not measuring the library as its users run
 it, and the adapter needs fixing before any number is published.
 
-Why blocks: the committed runs timed a whole harness pass and then a whole twin pass, a few times
-over. On a shared GPU host one pass of either side moved by up to x5.65 (max / min over rounds),
-so a pass-level comparison flagged noise and could as well have hidden a real gap; adjacent short
+Why blocks: on a shared GPU host one whole pass of either side moved by up to x5.65 (max / min over
+passes), so timing a whole harness pass and then a whole twin pass flags noise and can as well hide
+a real gap; adjacent short
 blocks see the same host, and a median over many blocks ignores the few a burst of host work hits.
 
 Writes DIR/crosscheck.json (the harness rows in the common row schema, their times replaced by the

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in suites:
         peers.update(_peers(SUITES[name], args.peers))
     env = report.environment(device, peers, ceilings)
-    env["queued_blocks"] = timing.queued_blocks  # 1 before session 12 (2026-11-23)
+    env["queued_blocks"] = timing.queued_blocks  # the queued figure is the median of this many blocks
     json_path = args.out / "results.json"
     # The case in flight, so that a process killed by a segfault in a native extension can be
     # resumed (`--resume`) without running that case again.

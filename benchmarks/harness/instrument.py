@@ -23,11 +23,10 @@ import torch
 
 # A profile leaves CUPTI attached to its process, and every later CUDA call and autograd backward
 # pays for it: on an H100 host a cached subm 3^3 C64 fp16 forward + backward went from ~190-250 us
-# per step to 320-510 us after one profiled call, a one-node backward from ~100-170 to 140-340 us
-# (gpu_checks/session17_probes.txt). So benchmarks.run profiles in a process of its own, after the
-# timings (bench.PHASE); until session 17 it profiled each case right after timing it, and every
-# case but the first of a process was timed with CUPTI attached, host-bound libraries (relconv
-# most) hurt the most.
+# per step to 320-510 us after one profiled call, a one-node backward from ~100-170 to 140-340 us.
+# So benchmarks.run profiles in a process of its own, after the timings (bench.PHASE): profiling
+# each case right after timing it would time every case but the first of a process with CUPTI
+# attached, the host-bound ones (relconv's most) hurt the most.
 
 SYNC_CALLS = frozenset(
     {
