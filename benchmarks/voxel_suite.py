@@ -287,9 +287,9 @@ class E2ESetup:
         torch.manual_seed(0)
         self.model = MinkUNet(self.in_channels, NUM_CLASSES, width=spec["width"]).to(device)
         # The weights every implementation starts from. relconv is timed first and its timed training
-        # steps (SGD, BatchNorm running statistics) move self.model; the peers used to copy those
-        # moved weights while being compared with relconv's output from before the steps, so every
-        # train row mismatched (infer rows, which move nothing, agreed).
+        # steps (SGD, BatchNorm running statistics) move self.model; the peers start from these
+        # weights, since they are compared with relconv's output from before the steps (copying the
+        # moved weights would make every train row mismatch; infer rows move nothing).
         self.initial_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         gen = torch.Generator().manual_seed(3)
         n = len(scene.coords)

@@ -1,6 +1,6 @@
 """float64 RGCNConv is float64 all the way: it matches PyG's RGCNConv to 1e-12 relative.
 
-The mean scale 1/deg_r(i) used to be computed in float32 (about 6e-9 relative error); these tests hold
+A mean scale 1/deg_r(i) computed in float32 would leave about 6e-9 relative error; these tests hold
 every configuration and the gradients to a bound that only a float64 scale meets.
 """
 
