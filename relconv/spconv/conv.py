@@ -121,7 +121,8 @@ class SparseConvolution(SparseModule):
         if subm and not self.conv1x1:
             if any(k % 2 == 0 for k in self.kernel_size) or max(self.kernel_size) > 7:
                 raise ValueError(
-                    f"a submanifold conv's kernel_size must be odd and at most 7 per axis, got {self.kernel_size}"
+                    "a submanifold conv's kernel_size must be odd and at most 7 per axis, "
+                    f"got {self.kernel_size}"
                 )
         self.subm, self.transposed, self.inverse = subm, transposed, inverse
         self.groups, self.indice_key, self.algo, self.fp32_accum = groups, indice_key, algo, fp32_accum
@@ -199,7 +200,9 @@ class SparseConvolution(SparseModule):
             )
         features = input.features
         if features.shape[1] != self.in_channels:
-            raise ValueError(f"input has {features.shape[1]} channels but the layer expects {self.in_channels}")
+            raise ValueError(
+                f"input has {features.shape[1]} channels but the layer expects {self.in_channels}"
+            )
         weight, bias = self.weight, self.bias
         if self.conv1x1:
             out = self._conv1x1(input, weight, bias)
@@ -263,7 +266,9 @@ class SparseConvolution(SparseModule):
             )
         shape = x.spatial_shape
         if self.transposed:
-            out_shape = deconv_output_size(shape, self.kernel_size, self.stride, self.padding, self.output_padding)
+            out_shape = deconv_output_size(
+                shape, self.kernel_size, self.stride, self.padding, self.output_padding
+            )
         else:
             out_shape = conv_output_size(shape, self.kernel_size, self.stride, self.padding, self.dilation)
         if min(out_shape) < 1:
@@ -308,7 +313,8 @@ class SparseConvolution(SparseModule):
         if datas is None:
             raise ValueError(
                 f"{type(self).__name__} needs the map of the strided layer with indice_key "
-                f"{self.indice_key!r}, which this tensor does not hold; pass the output of that layer's branch"
+                f"{self.indice_key!r}, which this tensor does not hold; pass a tensor derived from "
+                "that layer's output"
             )
         if datas.is_subm or datas.rmap is None:
             raise ValueError(

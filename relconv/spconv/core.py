@@ -165,7 +165,12 @@ class SparseConvTensor:
     ) -> SparseConvTensor:
         """A tensor from parts a layer produced (already valid): no checks, the host cost of a layer."""
         out = cls.__new__(cls)
-        out._features, out._sites, out.spatial_shape, out.batch_size = features, sites, spatial_shape, batch_size
+        out._features, out._sites, out.spatial_shape, out.batch_size = (
+            features,
+            sites,
+            spatial_shape,
+            batch_size,
+        )
         out.indice_dict, out.grid, out.voxel_num, out.benchmark = indice_dict, None, None, False
         out.benchmark_record, out.thrust_allocator, out.force_algo, out.int8_scale = {}, None, None, None
         return out
@@ -211,14 +216,24 @@ class SparseConvTensor:
     # ------------------------------------------------------------------ derived tensors
     def replace_feature(self, feature: Tensor) -> SparseConvTensor:
         """Same sites, shape, batch size and maps with new features `[N, C']`."""
-        if not isinstance(feature, Tensor) or feature.dim() != 2 or feature.shape[0] != self._features.shape[0]:
+        if (
+            not isinstance(feature, Tensor)
+            or feature.dim() != 2
+            or feature.shape[0] != self._features.shape[0]
+        ):
             raise ValueError(
                 f"feature must have shape [{self._features.shape[0]}, C] (one row per index), "
                 f"got {_describe(feature)}"
             )
-        out = SparseConvTensor._make(feature, self._sites, self.spatial_shape, self.batch_size, self.indice_dict)
+        out = SparseConvTensor._make(
+            feature, self._sites, self.spatial_shape, self.batch_size, self.indice_dict
+        )
         out.grid, out.voxel_num, out.benchmark = self.grid, self.voxel_num, self.benchmark
-        out.benchmark_record, out.force_algo, out.int8_scale = self.benchmark_record, self.force_algo, self.int8_scale
+        out.benchmark_record, out.force_algo, out.int8_scale = (
+            self.benchmark_record,
+            self.force_algo,
+            self.int8_scale,
+        )
         return out
 
     def shadow_copy(self) -> SparseConvTensor:

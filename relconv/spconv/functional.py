@@ -44,7 +44,9 @@ def sparse_add(*tens: SparseConvTensor) -> SparseConvTensor:
     if keys.numel() == big.indices.shape[0]:
         start = sum(t.indices.shape[0] for t in tens[:largest])
         return big.replace_feature(out[inverse[start : start + keys.numel()]])
-    return SparseConvTensor(out, out_indices.int(), first.spatial_shape, first.batch_size, benchmark=first.benchmark)
+    return SparseConvTensor(
+        out, out_indices.int(), first.spatial_shape, first.batch_size, benchmark=first.benchmark
+    )
 
 
 def __getattr__(name: str):

@@ -25,14 +25,20 @@ _INT32_MAX = 2**31 - 1
 
 def conv_output_size(shape: list[int], k: list[int], s: list[int], p: list[int], d: list[int]) -> list[int]:
     """spconv's (and dense conv's) output grid of a regular sparse conv."""
-    return [(n + 2 * pp - dd * (kk - 1) - 1) // ss + 1 for n, kk, ss, pp, dd in zip(shape, k, s, p, d, strict=True)]
+    return [
+        (n + 2 * pp - dd * (kk - 1) - 1) // ss + 1
+        for n, kk, ss, pp, dd in zip(shape, k, s, p, d, strict=True)
+    ]
 
 
 def deconv_output_size(
     shape: list[int], k: list[int], s: list[int], p: list[int], output_padding: list[int]
 ) -> list[int]:
     """spconv's output grid of a transposed sparse conv (dilation does not enter spconv's formula)."""
-    return [(n - 1) * ss - 2 * pp + kk + op for n, kk, ss, pp, op in zip(shape, k, s, p, output_padding, strict=True)]
+    return [
+        (n - 1) * ss - 2 * pp + kk + op
+        for n, kk, ss, pp, op in zip(shape, k, s, p, output_padding, strict=True)
+    ]
 
 
 def kernel_index_grid(kernel_size: list[int], device: torch.device) -> Tensor:

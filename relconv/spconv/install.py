@@ -47,7 +47,8 @@ def install() -> None:
     theirs = sorted(
         name
         for name, module in sys.modules.items()
-        if (name == "spconv" or name.startswith("spconv.")) and not getattr(module, _MARK, False)
+        if (name == "spconv" or name.startswith("spconv."))
+        and not getattr(module, _MARK, False)
         and not (module is not None and getattr(module, "__name__", "").startswith("relconv."))
     )
     if theirs:
@@ -58,7 +59,7 @@ def install() -> None:
     if "spconv" in sys.modules:
         return
     import relconv.spconv as pytorch
-    from relconv.spconv import algo, conv, constants, core, functional, identity, modules, pool, tables, utils
+    from relconv.spconv import algo, constants, conv, core, functional, identity, modules, pool, tables, utils
 
     top = _top_level(pytorch)
     aliases = {

@@ -90,13 +90,18 @@ class SparseMaxPool(SparseModule):
         shape = input.spatial_shape
         if self.subm:
             rmap = submanifold_map(
-                input._sites.coords, tuple(as_3d(self.kernel_size, 1)), tuple(as_3d(self.dilation, 1)), (1, 1, 1)
+                input._sites.coords,
+                tuple(as_3d(self.kernel_size, 1)),
+                tuple(as_3d(self.dilation, 1)),
+                (1, 1, 1),
             )
             out_sites, out_shape = input._sites, shape
         else:
             out_shape = conv_output_size(shape, self.kernel_size, self.stride, self.padding, self.dilation)
             if min(out_shape) < 1:
-                raise ValueError(f"the output spatial shape {out_shape} reaches zero (input spatial_shape {shape})")
+                raise ValueError(
+                    f"the output spatial shape {out_shape} reaches zero (input spatial_shape {shape})"
+                )
             grid = self._kernel_grid.get(input.features.device)
             if grid is None:
                 grid = kernel_index_grid(as_3d(self.kernel_size, 1), input.features.device)
@@ -152,7 +157,19 @@ def _pool_class(base: type, name: str, ndim: int) -> type:
         record_voxel_count=False,
         name=None,
     ):
-        base.__init__(self, ndim, kernel_size, stride, padding, dilation, indice_key, subm, algo, record_voxel_count, name)
+        base.__init__(
+            self,
+            ndim,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            indice_key,
+            subm,
+            algo,
+            record_voxel_count,
+            name,
+        )
 
     doc = f"spconv's {ndim}-D {base.__name__[6:9].lower()} pool; stride defaults to kernel_size."
     return type(name, (base,), {"__init__": __init__, "__doc__": doc, "__module__": __name__})

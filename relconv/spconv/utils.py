@@ -34,12 +34,13 @@ class PointToVoxel:
         num_point_features: int,
         max_num_voxels: int,
         max_num_points_per_voxel: int,
-        device: torch.device | str = torch.device("cpu"),
+        device: torch.device | str = "cpu",
     ) -> None:
         ndim = len(vsize_xyz)
         if ndim < 1 or len(coors_range_xyz) != 2 * ndim:
             raise ValueError(
-                f"coors_range_xyz must hold 2 * len(vsize_xyz) = {2 * ndim} values, got {len(coors_range_xyz)}"
+                f"coors_range_xyz must hold 2 * len(vsize_xyz) = {2 * ndim} values, "
+                f"got {len(coors_range_xyz)}"
             )
         if min(vsize_xyz) <= 0:
             raise ValueError(f"vsize_xyz must be positive, got {list(vsize_xyz)}")
@@ -63,7 +64,9 @@ class PointToVoxel:
         # Grid size per axis as spconv's std::round of the float32 quotient (halves away from zero).
         grid = [int(math.floor(abs(q) + 0.5)) * (1 if q >= 0 else -1) for q in ((hi - lo) / vsize).tolist()]
         if min(grid) < 1:
-            raise ValueError(f"coors_range_xyz spans no voxel along some axis (grid size {grid[::-1]}, z y x)")
+            raise ValueError(
+                f"coors_range_xyz spans no voxel along some axis (grid size {grid[::-1]}, z y x)"
+            )
         # spconv's metadata is ordered z, y, x (the order of the output indices).
         self.vsize = vsize.tolist()[::-1]
         self.grid_size = grid[::-1]
@@ -74,7 +77,8 @@ class PointToVoxel:
     def __call__(
         self, pc: Tensor, clear_voxels: bool = True, empty_mean: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """(voxels [M, max_points, F] float32, indices [M, ndim] int32 (z, y, x), num_points_per_voxel [M] int32)."""
+        """(voxels [M, max_points, F] float32, indices [M, ndim] int32 (z, y, x),
+        num_points_per_voxel [M] int32)."""
         voxels, indices, num, _ = self.generate_voxel_with_id(pc, clear_voxels, empty_mean)
         return voxels, indices, num
 
@@ -88,7 +92,9 @@ class PointToVoxel:
         is accepted (the outputs are always fresh, unused slots zero)."""
         if not isinstance(pc, Tensor) or pc.dim() != 2 or pc.shape[1] != self.num_point_features:
             shape = tuple(pc.shape) if isinstance(pc, Tensor) else type(pc).__name__
-            raise ValueError(f"pc must be a tensor [N, num_point_features={self.num_point_features}], got {shape}")
+            raise ValueError(
+                f"pc must be a tensor [N, num_point_features={self.num_point_features}], got {shape}"
+            )
         if not pc.dtype.is_floating_point:
             raise TypeError(f"pc must be a floating-point tensor, got {pc.dtype}")
         if pc.device.type != self.device.type:
@@ -136,7 +142,12 @@ class PointToVoxel:
             mean = voxels.sum(1) / count.clamp(min=1).unsqueeze(1).to(voxels.dtype)
             empty = torch.arange(max_pts, device=device)[None, :] >= count[:, None]
             voxels = torch.where(empty.unsqueeze(2), mean.unsqueeze(1), voxels)
-        return voxels.to(self.device), indices.to(self.device), count.int().to(self.device), voxel_id.to(self.device)
+        return (
+            voxels.to(self.device),
+            indices.to(self.device),
+            count.int().to(self.device),
+            voxel_id.to(self.device),
+        )
 
 
 def gather_features_by_pc_voxel_id(
