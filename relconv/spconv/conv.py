@@ -136,6 +136,8 @@ class SparseConvolution(SparseModule):
             )
         self.weight = nn.Parameter(torch.zeros(*self.weight_shape, **factory))
         self.bias = nn.Parameter(torch.zeros(out_channels, **factory)) if bias else None
+        self._kernel_3d = tuple(as_3d(self.kernel_size, 1))
+        self._dilation_3d = tuple(as_3d(self.dilation, 1))
         # The relconv view of the weight, kept between calls that record no gradient: (key, view).
         self._kernel_cache: tuple | None = None
         self._kernel_grid: dict[torch.device, Tensor] = {}
@@ -236,8 +238,7 @@ class SparseConvolution(SparseModule):
         else:
             sites = x._sites
         voxel = sites.voxel(x.features)
-        kernel = as_3d(self.kernel_size, 1)
-        out = conv3d(voxel, self._kernel(weight), kernel, 1, as_3d(self.dilation, 1), bias=bias).feats
+        out = conv3d(voxel, self._kernel(weight), self._kernel_3d, 1, self._dilation_3d, bias=bias).feats
         indice_dict = x.indice_dict
         if key is not None and datas is None:
             indice_dict = dict(indice_dict)
@@ -399,7 +400,8 @@ def strided_sites(
 def _to_relconv(weight: Tensor) -> Tensor:
     ndim = weight.dim() - 2
     c_out, c_in = weight.shape[0], weight.shape[-1]
-    return weight.permute(*range(1, ndim + 1), ndim + 1, 0).reshape(-1, c_in, c_out)
+    # One copy into relconv's order (the op reads [K, C_in, C_out] contiguously), then a free view.
+    return torch.permute_copy(weight, (*range(1, ndim + 1), ndim + 1, 0)).view(-1, c_in, c_out)
 
 
 def _conv_class(name: str, ndim: int, subm: bool = False, transposed: bool = False) -> type:
