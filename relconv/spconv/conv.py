@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from relconv.ops import relational_conv
 from relconv.spconv._missing import missing
 from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, expand_nd
-from relconv.spconv.geometry import build_map, conv_output_size, deconv_output_size, kernel_index_grid
+from relconv.spconv.geometry import build_map, conv_output_size, deconv_output_size
 from relconv.spconv.modules import SparseModule
 from relconv.voxel import conv3d
 
@@ -140,7 +140,6 @@ class SparseConvolution(SparseModule):
         self._dilation_3d = tuple(as_3d(self.dilation, 1))
         # The relconv view of the weight, kept between calls that record no gradient: (key, view).
         self._kernel_cache: tuple | None = None
-        self._kernel_grid: dict[torch.device, Tensor] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -184,13 +183,6 @@ class SparseConvolution(SparseModule):
         kernel = _to_relconv(weight)
         self._kernel_cache = (key, kernel)
         return kernel
-
-    def _grid(self, device: torch.device) -> Tensor:
-        grid = self._kernel_grid.get(device)
-        if grid is None:
-            grid = kernel_index_grid(as_3d(self.kernel_size, 1), device)
-            self._kernel_grid[device] = grid
-        return grid
 
     # ------------------------------------------------------------------ forward
     def forward(self, input: SparseConvTensor, add_input: SparseConvTensor | None = None) -> SparseConvTensor:
@@ -280,7 +272,6 @@ class SparseConvolution(SparseModule):
         rmap, out_sites = strided_sites(
             x,
             self.kernel_size,
-            self._grid(x.features.device),
             out_shape,
             self.stride,
             self.padding,
@@ -365,15 +356,13 @@ class SparseConvolution(SparseModule):
 def strided_sites(
     x: SparseConvTensor,
     kernel_size: list[int],
-    grid: Tensor,
     out_shape: list[int],
     stride: list[int],
     padding: list[int],
     dilation: list[int],
     transposed: bool,
 ) -> tuple:
-    """(map, output SiteSet) of a regular or transposed layer over x's sites, cached on the sites.
-    `grid` is `kernel_index_grid(kernel_size)` (padded to 3 axes) on x's device."""
+    """(map, output SiteSet) of a regular or transposed layer over x's sites, cached on the sites."""
     sites = x._sites
     key = (transposed, tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation), tuple(out_shape))
     key += (tuple(x.spatial_shape), x.batch_size)
@@ -385,7 +374,7 @@ def strided_sites(
             x.batch_size,
             as_3d(x.spatial_shape, 1),
             as_3d(out_shape, 1),
-            grid,
+            as_3d(kernel_size, 1),
             as_3d(stride, 1),
             as_3d(padding, 0),
             as_3d(dilation, 1),

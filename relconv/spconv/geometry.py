@@ -15,6 +15,8 @@ reads the size of a new coordinate set too.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -41,13 +43,6 @@ def deconv_output_size(
     ]
 
 
-def kernel_index_grid(kernel_size: list[int], device: torch.device) -> Tensor:
-    """[K, 3] int64 kernel indices (r0, r1, r2), first axis slowest: spconv's weight order."""
-    axes = [torch.arange(k, dtype=torch.int64, device=device) for k in kernel_size]
-    grid = torch.meshgrid(*axes, indexing="ij")
-    return torch.stack([g.reshape(-1) for g in grid], 1)
-
-
 def _index_dtype(*sizes: int) -> torch.dtype:
     return torch.int32 if max(sizes, default=0) <= _INT32_MAX else torch.int64
 
@@ -57,7 +52,7 @@ def build_map(
     batch_size: int,
     in_shape: list[int],
     out_shape: list[int],
-    kernel: Tensor,
+    kernel_size: list[int],
     stride: list[int],
     padding: list[int],
     dilation: list[int],
@@ -67,39 +62,42 @@ def build_map(
 
     Args:
         coords: [N, 4] int32 (batch, d0, d1, d2) inside `in_shape` (3 axes; 2-D grids pass 1 and 0
-            for the third axis).
-        kernel: `kernel_index_grid(kernel_size)`, [K, 3].
+            for the third axis, and a kernel size of 1 there).
     Returns:
-        (map with num_in = N, num_out = M, K relations, injective; out_coords [M, 4] int32 sorted by
-        (batch, d0, d1, d2)).
+        (map with num_in = N, num_out = M, prod(kernel_size) relations, injective; out_coords
+        [M, 4] int32 sorted by (batch, d0, d1, d2)).
     Raises:
         ValueError when an index lies outside `spatial_shape` or its batch outside `batch_size`.
     """
     device = coords.device
-    num_in, num_rel = coords.shape[0], kernel.shape[0]
-    c = coords[:, 1:].long()
-    b = coords[:, 0].long()
-    s = torch.tensor(stride, dtype=torch.int64, device=device)
-    p = torch.tensor(padding, dtype=torch.int64, device=device)
-    d = torch.tensor(dilation, dtype=torch.int64, device=device)
-    out_hi = torch.tensor(out_shape, dtype=torch.int64, device=device)
-    in_hi = torch.tensor(in_shape, dtype=torch.int64, device=device)
-    reach = kernel * d  # [K, 3]
-    if transposed:
-        o = (c * s - p)[None] + reach[:, None]  # [K, N, 3]
-        valid = ((o >= 0) & (o < out_hi)).all(2)
-    else:
-        num = (c + p)[None] - reach[:, None]
-        o = torch.div(num, s, rounding_mode="floor")
-        valid = ((num - o * s == 0) & (o >= 0) & (o < out_hi)).all(2)
-    outside = ((c < 0) | (c >= in_hi)).any(1) | (b < 0) | (b >= batch_size)
+    num_in, num_rel = coords.shape[0], math.prod(kernel_size)
+    c = coords.long()
+    keys = c[:, 0]
+    valid = None
+    outside = (keys < 0) | (keys >= batch_size)
+    # Per axis the output coordinate depends only on (kernel index, input coordinate): [k_a, N]
+    # tensors, broadcast into the [k0, k1, k2, N] candidates (first kernel axis slowest).
+    for a in range(3):
+        ca = c[:, a + 1]
+        outside |= (ca < 0) | (ca >= in_shape[a])
+        reach = torch.arange(kernel_size[a], device=device)[:, None] * dilation[a]
+        if transposed:
+            o = (ca * stride[a] - padding[a])[None] + reach
+            ok = (o >= 0) & (o < out_shape[a])
+        else:
+            num = (ca + padding[a])[None] - reach
+            o = torch.div(num, stride[a], rounding_mode="floor")
+            ok = (num == o * stride[a]) & (o >= 0) & (o < out_shape[a])
+        view = [1, 1, 1, num_in]
+        view[a] = kernel_size[a]
+        keys = keys * out_shape[a] + o.view(view)
+        valid = ok.view(view) if valid is None else valid & ok.view(view)
     count, bad = torch.stack([valid.sum(), outside.any().long()]).tolist()
     if bad:
         raise ValueError(
             f"indices must lie inside spatial_shape {in_shape} (2-D grids: a third axis of 1) with batch "
             f"indices in [0, {batch_size}); some row does not"
         )
-    keys = ((b[None] * out_hi[0] + o[..., 0]) * out_hi[1] + o[..., 1]) * out_hi[2] + o[..., 2]
     pos = torch.nonzero_static(valid.reshape(-1), size=count).squeeze(1)
     rel = torch.div(pos, num_in, rounding_mode="floor") if num_in else pos
     inp = pos - rel * num_in

@@ -14,7 +14,7 @@ from torch import Tensor
 from relconv.spconv._missing import missing
 from relconv.spconv.conv import as_3d, check_ndim, strided_sites
 from relconv.spconv.core import IndiceData, SparseConvTensor, expand_nd
-from relconv.spconv.geometry import conv_output_size, kernel_index_grid
+from relconv.spconv.geometry import conv_output_size
 from relconv.spconv.modules import SparseModule
 from relconv.voxel import submanifold_map
 
@@ -64,7 +64,6 @@ class SparseMaxPool(SparseModule):
         self.record_voxel_count = record_voxel_count
         if record_voxel_count and not subm:
             self.register_buffer(_MAX_NUM_VOXELS_DURING_TRAINING, torch.zeros(1, dtype=torch.int32))
-        self._kernel_grid: dict[torch.device, Tensor] = {}
 
     def extra_repr(self) -> str:
         s = f"kernel_size={self.kernel_size}, stride={self.stride}"
@@ -102,12 +101,8 @@ class SparseMaxPool(SparseModule):
                 raise ValueError(
                     f"the output spatial shape {out_shape} reaches zero (input spatial_shape {shape})"
                 )
-            grid = self._kernel_grid.get(input.features.device)
-            if grid is None:
-                grid = kernel_index_grid(as_3d(self.kernel_size, 1), input.features.device)
-                self._kernel_grid[input.features.device] = grid
             rmap, out_sites = strided_sites(
-                input, self.kernel_size, grid, out_shape, self.stride, self.padding, self.dilation, False
+                input, self.kernel_size, out_shape, self.stride, self.padding, self.dilation, False
             )
             count = self._buffers.get(_MAX_NUM_VOXELS_DURING_TRAINING)
             if count is not None:
