@@ -3,7 +3,7 @@
 A tensor holds features `[N, C]` at int32 indices `[N, ndim + 1]` = (batch, d0, .., d{ndim-1}) inside a
 grid of `spatial_shape`. Its coordinates live in a `SiteSet`, shared by every tensor on the same sites
 (`replace_feature`, submanifold layers, an inverse conv returning to earlier sites): the set keeps the
-relconv `VoxelTensor` whose map cache serves relconv's submanifold maps, and the strided maps built
+relconv map cache that serves relconv's submanifold maps, and the strided maps built
 from it, so repeated layers over the same sites build nothing twice.
 """
 
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from relconv.core import RelationalMap
 from relconv.spconv._missing import missing
-from relconv.voxel import VoxelTensor
+from relconv.voxel import MapCache, VoxelTensor
 
 
 def expand_nd(ndim: int, value: object, name: str = "value") -> list[int]:
@@ -37,11 +37,11 @@ def expand_nd(ndim: int, value: object, name: str = "value") -> list[int]:
 
 class SiteSet:
     """One coordinate set: the user-facing `indices [N, ndim + 1]`, the relconv coordinates
-    `coords [N, 4]` (2-D grids get a zero third axis), the relconv tensor whose map cache holds the
+    `coords [N, 4]` (2-D grids get a zero third axis), the relconv map cache that holds the
     submanifold maps, and the spconv-geometry maps built from these sites (`relconv.spconv.geometry`),
     keyed by their geometry."""
 
-    __slots__ = ("indices", "coords", "_voxel", "maps")
+    __slots__ = ("indices", "coords", "_cache", "maps")
 
     def __init__(self, indices: Tensor, coords: Tensor | None = None) -> None:
         self.indices = indices
@@ -52,15 +52,15 @@ class SiteSet:
                 pad = indices.new_zeros(indices.shape[0], 4 - indices.shape[1])
                 coords = torch.cat([indices, pad], 1)
         self.coords = coords
-        self._voxel: VoxelTensor | None = None
+        self._cache: MapCache | None = None
         self.maps: dict[tuple, object] = {}
 
     def voxel(self, features: Tensor) -> VoxelTensor:
-        """`features` on these sites as a relconv VoxelTensor sharing the sites' map cache."""
-        if self._voxel is None:
-            self._voxel = VoxelTensor(features, self.coords)
-            return self._voxel
-        return self._voxel.replace_feature(features)
+        """`features` on these sites as a relconv VoxelTensor sharing the sites' map cache (the set
+        keeps the cache only, not a tensor's features)."""
+        voxel = VoxelTensor(features, self.coords, cache=self._cache)
+        self._cache = voxel.cache
+        return voxel
 
 
 @dataclass
