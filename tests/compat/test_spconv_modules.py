@@ -246,3 +246,34 @@ def test_openpcdet_like_backbone_trains_end_to_end():
         model.eval()
         bev2, _ = model(x)
     assert torch.isfinite(bev2).all()
+
+
+def test_inverse_of_a_transposed_conv_returns_to_its_input_sites():
+    x = random_tensor([5, 4, 3], 2, 20, 3)
+    up = spconv.SparseConvTranspose3d(3, 4, 3, 2, 1, indice_key="up")(x)
+    back = spconv.SparseInverseConv3d(4, 3, 3, indice_key="up")(up)
+    assert torch.equal(back.indices, x.indices) and back.spatial_shape == x.spatial_shape
+
+
+def test_record_voxel_count_keeps_the_largest_output():
+    x = random_tensor([7, 6, 5], 2, 40, 3)
+    layer = spconv.SparseConv3d(3, 4, 3, 2, 1, record_voxel_count=True)
+    out = layer(x)
+    assert int(layer.get_max_num_voxels()) == out.indices.shape[0]
+    assert "max_num_voxels_during_training" in layer.state_dict()
+    layer(x.select_by_index(torch.arange(3)))
+    assert int(layer.get_max_num_voxels()) == out.indices.shape[0]
+
+
+def test_2d_avg_pool_and_subm_pool():
+    x = random_tensor([9, 8], 1, 30, 2, seed=6, dtype=torch.float64)
+    avg = spconv.SparseAvgPool2d(2, 2)(x)
+    dense = densify(x.features, x.indices, x.spatial_shape, 1)
+    occ = occupancy(x.indices, x.spatial_shape, 1)
+    ref = at_sites(F.avg_pool2d(dense, 2), avg.indices) / at_sites(F.avg_pool2d(occ, 2), avg.indices)
+    torch.testing.assert_close(avg.features, ref)
+    subm = spconv.SparseMaxPool2d(3, 1, subm=True)(x)
+    assert subm.indices is x.indices
+    shifted = densify(x.features + 10, x.indices, x.spatial_shape, 1)
+    ref = at_sites(F.max_pool2d(shifted, 3, 1, 1), x.indices) - 10
+    torch.testing.assert_close(subm.features, ref)
