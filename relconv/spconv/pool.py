@@ -147,10 +147,10 @@ def _pool_class(base: type, name: str, ndim: int) -> type:
         padding=0,
         dilation=1,
         indice_key=None,
-        subm=False,
         algo=None,
         record_voxel_count=False,
         name=None,
+        subm=False,
     ):
         base.__init__(
             self,
@@ -166,7 +166,10 @@ def _pool_class(base: type, name: str, ndim: int) -> type:
             name,
         )
 
-    doc = f"spconv's {ndim}-D {base.__name__[6:9].lower()} pool; stride defaults to kernel_size."
+    doc = (
+        f"spconv's {ndim}-D {base.__name__[6:9].lower()} pool; stride defaults to kernel_size; "
+        "`subm=True` (after spconv's arguments) keeps the input sites."
+    )
     return type(name, (base,), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
 
 
