@@ -176,7 +176,10 @@ class SparseConvolution(SparseModule):
         """spconv's `[C_out, *K, C_in]` as relconv's `[K, C_in, C_out]`."""
         if torch.is_grad_enabled() and weight.requires_grad:
             return _to_relconv(weight)
+        # Inference-mode tensors cannot enter a graph later: a view made under inference_mode is
+        # kept apart from one made outside it.
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, weight.shape)
+        key += (torch.is_inference_mode_enabled(),)
         cached = self._kernel_cache
         if cached is not None and cached[0] == key:
             return cached[1]
