@@ -252,3 +252,23 @@ def test_cuda_layers_match_cpu(device, dtype):
     rows = torch.tensor([order[tuple(s)] for s in gpu.indices.cpu().tolist()])
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(gpu.features.float().cpu(), ref.features[rows], rtol=tol, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("device", [p for p in DEVICES if p.id == "cuda"])
+def test_cuda_forward_over_built_maps_does_not_sync(device):
+    from tests.conftest import no_host_sync
+
+    x = random_tensor([20, 18, 9], 2, 600, 16, seed=13, device=device, dtype=torch.float16)
+    net = spconv.SparseSequential(
+        spconv.SubMConv3d(16, 32, 3, indice_key="s1"),
+        torch.nn.BatchNorm1d(32),
+        spconv.SparseConv3d(32, 32, 3, 2, 1, indice_key="d1"),
+        spconv.SubMConv3d(32, 32, 3),
+        spconv.SparseInverseConv3d(32, 16, 3, indice_key="d1"),
+    ).to(device)
+    with torch.autocast("cuda", dtype=torch.float16):
+        net(x)  # builds and caches every map on x's sites
+        with no_host_sync():
+            out = net(x)
+    assert out.features.shape == (x.indices.shape[0], 16)
