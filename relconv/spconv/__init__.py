@@ -7,7 +7,7 @@ not provided; anything not provided raises an AttributeError naming it).
 
 from __future__ import annotations
 
-from relconv.spconv import constants, functional, utils
+from relconv.spconv import constants, functional, ops, utils
 from relconv.spconv._missing import missing
 from relconv.spconv.algo import ConvAlgo
 from relconv.spconv.conv import (
@@ -101,6 +101,7 @@ __all__ = [
     "functional",
     "install",
     "is_spconv_module",
+    "ops",
     "utils",
 ]
 

@@ -38,8 +38,8 @@ def _top_level(pytorch: types.ModuleType) -> types.ModuleType:
 
 def install() -> None:
     """Makes `import spconv...` load relconv.spconv: registers `spconv`, `spconv.pytorch` and its
-    submodules (`conv`, `core`, `functional`, `modules`, `pool`, `tables`, `identity`, `utils`,
-    `constants`), `spconv.core`, `spconv.constants` and `spconv.utils` in `sys.modules`.
+    submodules (`conv`, `core`, `functional`, `modules`, `ops`, `pool`, `tables`, `identity`,
+    `utils`, `constants`), `spconv.core`, `spconv.constants` and `spconv.utils` in `sys.modules`.
 
     Idempotent. Raises RuntimeError when the real spconv is already imported (its classes would mix
     with relconv's); call it before anything imports spconv.
@@ -59,7 +59,19 @@ def install() -> None:
     if "spconv" in sys.modules:
         return
     import relconv.spconv as pytorch
-    from relconv.spconv import algo, constants, conv, core, functional, identity, modules, pool, tables, utils
+    from relconv.spconv import (
+        algo,
+        constants,
+        conv,
+        core,
+        functional,
+        identity,
+        modules,
+        ops,
+        pool,
+        tables,
+        utils,
+    )
 
     top = _top_level(pytorch)
     aliases = {
@@ -69,6 +81,7 @@ def install() -> None:
         "spconv.pytorch.core": core,
         "spconv.pytorch.functional": functional,
         "spconv.pytorch.modules": modules,
+        "spconv.pytorch.ops": ops,
         "spconv.pytorch.pool": pool,
         "spconv.pytorch.tables": tables,
         "spconv.pytorch.identity": identity,

@@ -35,6 +35,18 @@ def test_install_registers_the_import_names_downstream_code_uses(installed):
     assert top.core.ConvAlgo.Native.value == 0
     assert sparse_add is spconv.functional.sparse_add and PointToVoxel is spconv.utils.PointToVoxel
     assert is_spconv_module(SubMConv3d(2, 2, 3))
+    from spconv.pytorch import ops
+
+    assert ops.get_conv_output_size([41, 1600, 1408], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1]) == [
+        21,
+        800,
+        704,
+    ]
+    assert ops.get_deconv_output_size([21, 800, 704], [3] * 3, [2] * 3, [1] * 3, [1] * 3, [0] * 3) == [
+        41,
+        1599,
+        1407,
+    ]
     spconv.install()  # idempotent
 
 
