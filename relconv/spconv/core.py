@@ -47,7 +47,7 @@ class SiteSet:
         self.indices = indices
         if coords is None:
             if indices.shape[1] == 4:
-                coords = indices
+                coords = indices.contiguous()  # the map builders read rows of 4
             else:
                 pad = indices.new_zeros(indices.shape[0], 4 - indices.shape[1])
                 coords = torch.cat([indices, pad], 1)
