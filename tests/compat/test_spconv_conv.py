@@ -81,11 +81,13 @@ def _check_against_dense(x, layer, reference, rtol=1e-9, atol=1e-9):
     return out
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ndim", [3, 2])
 @pytest.mark.parametrize("k,d", [(3, 1), (5, 1), (3, 2), ("k313", 1)])
-def test_subm_matches_dense_conv(ndim, k, d):
-    x = random_tensor(SHAPES[ndim], 2, 50, 3, dtype=torch.float64)
-    layer = (spconv.SubMConv3d if ndim == 3 else spconv.SubMConv2d)(3, 4, _axes(k, ndim), dilation=d).double()
+def test_subm_matches_dense_conv(ndim, k, d, device):
+    x = random_tensor(SHAPES[ndim], 2, 50, 3, dtype=torch.float64, device=device)
+    layer = (spconv.SubMConv3d if ndim == 3 else spconv.SubMConv2d)(3, 4, _axes(k, ndim), dilation=d)
+    layer = layer.double().to(device)
     ks = layer.kernel_size
     pad = [dd * (kk - 1) // 2 for kk, dd in zip(ks, layer.dilation, strict=True)]
 
@@ -97,11 +99,12 @@ def test_subm_matches_dense_conv(ndim, k, d):
     assert out.spatial_shape == x.spatial_shape
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ndim", [3, 2])
 @pytest.mark.parametrize("k,s,p,d", REGULAR)
-def test_regular_conv_matches_dense_conv_and_its_support(ndim, k, s, p, d):
-    x = random_tensor(SHAPES[ndim], 2, 45, 3, seed=3, dtype=torch.float64)
-    layer = _regular_layer(ndim, k, s, p, d).double()
+def test_regular_conv_matches_dense_conv_and_its_support(ndim, k, s, p, d, device):
+    x = random_tensor(SHAPES[ndim], 2, 45, 3, seed=3, dtype=torch.float64, device=device)
+    layer = _regular_layer(ndim, k, s, p, d).double().to(device)
 
     def reference(dense, w, b):
         return conv_nd(ndim)(
@@ -121,11 +124,12 @@ def test_regular_conv_matches_dense_conv_and_its_support(ndim, k, s, p, d):
     assert out.indices.dtype == torch.int32 and out.indices.shape[1] == ndim + 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ndim", [3, 2])
 @pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1), (3, 2, 0)])
-def test_transposed_conv_matches_dense_conv_transpose(ndim, k, s, p):
-    x = random_tensor(SHAPES[ndim], 2, 30, 3, seed=5, dtype=torch.float64)
-    layer = _regular_layer(ndim, k, s, p, 1, transposed=True).double()
+def test_transposed_conv_matches_dense_conv_transpose(ndim, k, s, p, device):
+    x = random_tensor(SHAPES[ndim], 2, 30, 3, seed=5, dtype=torch.float64, device=device)
+    layer = _regular_layer(ndim, k, s, p, 1, transposed=True).double().to(device)
 
     def reference(dense, w, b):
         return conv_transpose_nd(ndim)(dense, dense_transposed_weight(w), b, stride=s, padding=p)
@@ -134,14 +138,15 @@ def test_transposed_conv_matches_dense_conv_transpose(ndim, k, s, p):
     assert site_set(out.indices) == _support(x, layer, transposed=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ndim", [3, 2])
 @pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), ("k311", "s211", 0)])
-def test_inverse_conv_restores_the_strided_layers_sites(ndim, k, s, p):
-    x = random_tensor(SHAPES[ndim], 2, 45, 3, seed=7, dtype=torch.float64)
-    down = _regular_layer(ndim, k, s, p, 1).double()
+def test_inverse_conv_restores_the_strided_layers_sites(ndim, k, s, p, device):
+    x = random_tensor(SHAPES[ndim], 2, 45, 3, seed=7, dtype=torch.float64, device=device)
+    down = _regular_layer(ndim, k, s, p, 1).double().to(device)
     down.indice_key = "down"
     inverse_cls = spconv.SparseInverseConv3d if ndim == 3 else spconv.SparseInverseConv2d
-    up = inverse_cls(4, 3, _axes(k, ndim), indice_key="down").double()
+    up = inverse_cls(4, 3, _axes(k, ndim), indice_key="down").double().to(device)
     coarse = down(x)
     coarse = coarse.replace_feature(coarse.features.detach())
 
