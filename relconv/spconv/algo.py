@@ -15,7 +15,7 @@ class ConvAlgo(Enum):
 
 class AlgoHint(Enum):
     NoHint = 0b000
-    Fowrard = 0b001
+    Fowrard = 0b001  # spconv's spelling, kept for code that names it
     BackwardInput = 0b010
     BackwardWeight = 0b100
 
