@@ -1,0 +1,56 @@
+"""Names of TorchSparse 2.1's API that relconv.torchsparse does not provide, with the reason.
+
+Each package's module-level `__getattr__` raises NotImplementedError for these (also through
+`from ... import name`), so code that needs one fails at the name, saying what is missing.
+"""
+
+from __future__ import annotations
+
+POINT_OPS = (
+    "the point-voxel ops of SPVCNN-style models (sphash, sphashquery, spcount, spvoxelize, "
+    "spdevoxelize, calc_ti_weights) are not provided by relconv.torchsparse; relconv.voxel.voxelize / "
+    "devoxelize cover voxelisation"
+)
+TUNER = "relconv picks its dataflow itself per layer; TorchSparse's configuration objects are not provided"
+
+MISSING = {
+    "torchsparse.nn": {
+        name: f"{name} is not provided by relconv.torchsparse (ToDenseBEVConvolution is)"
+        for name in ("ToBEVConvolution", "ToBEVReduction", "ToBEVHeightCompression")
+    },
+    "torchsparse.nn.functional": {
+        **{
+            name: POINT_OPS
+            for name in ("sphash", "sphashquery", "spcount", "spvoxelize", "spdevoxelize", "calc_ti_weights")
+        },
+        **{
+            name: TUNER
+            for name in (
+                "Dataflow",
+                "set_global_conv_config",
+                "get_global_conv_config",
+                "clear_global_conv_config",
+                "get_default_conv_config",
+                "set_conv_mode",
+                "get_conv_mode",
+                "set_kmap_mode",
+                "get_kmap_mode",
+                "set_downsample_mode",
+                "get_downsample_mode",
+                "build_kernel_map",
+                "transpose_kernel_map",
+                "spdownsample",
+                "spupsample_generative",
+            )
+        },
+    },
+}
+
+
+def missing(package: str, name: str) -> NotImplementedError | AttributeError:
+    """The error for `package.name`: NotImplementedError for a known TorchSparse name, else the
+    usual AttributeError."""
+    reason = MISSING.get(package, {}).get(name)
+    if reason is not None:
+        return NotImplementedError(f"{package}.{name}: {reason}")
+    return AttributeError(f"module {package!r} (relconv.torchsparse) has no attribute {name!r}")
