@@ -4,6 +4,7 @@ TorchSparse 2.1 (default kernel-map mode, built on the fly) reads, per axis, the
 `o * s + lo + d` for kernel digit d = 0 .. k-1, with
 - a submanifold conv (every stride 1): lo = -(k-1)/2 when the kernel volume is odd, lo = 0 when even;
 - a strided conv: lo = -padding (its `Conv3d` sets padding (k-1)/2 on odd-sized stride-1 axes).
+In its "hashmap" kernel-map mode lo = -((k-1) // 2) on every axis of every conv.
 Its flat offset index runs x fastest for an odd kernel volume and z fastest for an even one
 (MinkowskiEngine's order for odd kernels); relconv always runs z fastest, with per axis centred
 offsets for odd sizes and 0 .. k-1 for even sizes.
@@ -27,8 +28,11 @@ def relconv_axis_offsets(k: int) -> range:
     return range(-(k // 2), k // 2 + 1) if k % 2 else range(0, k)
 
 
-def torchsparse_lows(kernel_size: Triple, stride: Triple, padding: Triple) -> Triple:
-    """Per axis the lowest input offset `lo` (in input-grid units) of TorchSparse's map."""
+def torchsparse_lows(kernel_size: Triple, stride: Triple, padding: Triple, hashmap: bool = False) -> Triple:
+    """Per axis the lowest input offset `lo` (in input-grid units) of TorchSparse's map
+    (`hashmap`: its "hashmap" kernel-map mode, which centres every kernel at -(k-1)//2)."""
+    if hashmap:
+        return tuple(-((k - 1) // 2) for k in kernel_size)
     if stride == (1, 1, 1):
         odd = math.prod(kernel_size) % 2 == 1
         return tuple(-((k - 1) // 2) if odd else 0 for k in kernel_size)

@@ -11,7 +11,7 @@ POINT_OPS = (
     "spdevoxelize, calc_ti_weights) are not provided by relconv.torchsparse; relconv.voxel.voxelize / "
     "devoxelize cover voxelisation"
 )
-TUNER = "relconv picks its dataflow itself per layer; TorchSparse's configuration objects are not provided"
+TUNER = "TorchSparse's kernel-map internals are not provided: relconv builds and caches its own maps"
 
 MISSING = {
     "torchsparse.nn": {
@@ -26,17 +26,6 @@ MISSING = {
         **{
             name: TUNER
             for name in (
-                "Dataflow",
-                "set_global_conv_config",
-                "get_global_conv_config",
-                "clear_global_conv_config",
-                "get_default_conv_config",
-                "set_conv_mode",
-                "get_conv_mode",
-                "set_kmap_mode",
-                "get_kmap_mode",
-                "set_downsample_mode",
-                "get_downsample_mode",
                 "build_kernel_map",
                 "transpose_kernel_map",
                 "spdownsample",

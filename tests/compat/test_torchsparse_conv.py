@@ -258,3 +258,52 @@ def test_bad_arguments():
         tsF.conv3d(scene(), torch.zeros(8, 3, 4), 3)
     with pytest.warns(UserWarning, match="dilation"):
         spnn.Conv3d(3, 4, 3, dilation=2)
+
+
+@pytest.mark.parametrize(
+    ("kernel_size", "stride", "padding"),
+    [(2, 2, 0), (3, 2, 0), (3, 1, 0), ((3, 3, 2), 1, 0), (3, 3, 1)],
+    ids=str,
+)
+def test_hashmap_kmap_mode_centres_every_kernel(kernel_size, stride, padding):
+    x = scene()
+    config = tsF.get_default_conv_config().__class__(kmap_mode="hashmap")
+    layer = _layer(3, 4, kernel_size, stride=stride, padding=padding, config=config)
+    out = layer(x)
+    k, s = layer.kernel_size, layer.stride
+    lows = tuple(-((v - 1) // 2) for v in k)
+    if s == (1, 1, 1):
+        sites = x.coords
+    elif all(si in (1, ki) for si, ki in zip(s, k, strict=True)):
+        step = torch.tensor((1, *s))
+        sites = torch.unique(torch.div(x.coords, step, rounding_mode="floor"), dim=0).int()
+    else:
+        sites = strided_sites(x.coords, k, s, layer.padding)
+    assert torch.equal(out.coords, sites)
+    ref = dense_conv(x, layer.kernel, k, s, lows, out.coords, BATCH, GRID)
+    torch.testing.assert_close(out.feats, ref)
+
+
+def test_global_conv_config_is_read_and_cleared():
+    x = scene()
+    tsF.set_global_conv_config({"kmap_mode": "hashmap", "downsample_mode": "minkowski"})
+    try:
+        assert tsF.get_global_conv_config().dataflow == tsF.Dataflow.ImplicitGEMM  # defaults filled in
+        out = _layer(3, 2, 3, stride=2)(x)
+    finally:
+        tsF.clear_global_conv_config()
+    step = torch.tensor((1, 2, 2, 2))
+    assert torch.equal(
+        out.coords, torch.unique(torch.div(x.coords, step, rounding_mode="floor"), dim=0).int()
+    )
+    assert tsF.get_global_conv_config() is None
+    with pytest.raises(ValueError, match="kmap_mode"):
+        _layer(3, 2, 3, config={"kmap_mode": "grid"})(scene())
+    with pytest.raises(ValueError, match="kmap_mode"):
+        tsF.set_kmap_mode("grid")
+    with pytest.raises(ValueError, match="downsample_mode"):
+        tsF.set_downsample_mode("grid")
+    with pytest.raises(ValueError, match="conv_mode"):
+        tsF.set_conv_mode(5)
+    with pytest.raises(TypeError, match="conv_config"):
+        tsF.set_global_conv_config("hashmap")

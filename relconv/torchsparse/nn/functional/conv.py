@@ -3,7 +3,7 @@
 Geometry, as TorchSparse 2.1 computes it in its default configuration:
 - 1x1x1 kernel, stride 1: a matmul on the features.
 - stride 1: submanifold; output sites = input sites.
-- stride s: output sites `o` (in output-grid units) are every `(p - lo - d) / s` that divides,
+- stride s: output sites `o` (in output-grid units) are every `(p + padding - d) / s` that divides,
   for input sites p and kernel digits d, bounded per axis to `[0, hi]`, with
   `hi = (max(p) + 2 * padding - (k - 1)) // s`, or `spatial_range` - 1 of the output grid when the
   tensor has one (`_downsample`); they come sorted by (batch, x, y, z). With kernel = stride and no
@@ -27,6 +27,7 @@ import torch.nn.functional as tF
 from torch import Tensor, nn
 
 from relconv.torchsparse._layout import relconv_geometry, torchsparse_lows
+from relconv.torchsparse.nn.functional.conv_config import map_modes
 from relconv.torchsparse.tensor import SparseTensor, TensorCache, get_allow_negative_coordinates, make_ntuple
 from relconv.voxel import Conv3d as VoxelConv3d
 from relconv.voxel import MapCache, VoxelTensor
@@ -66,8 +67,8 @@ def conv3d(
     training: bool = False,
 ) -> SparseTensor:
     """TorchSparse's functional conv: `weight` `[K, C_in, C_out]` in TorchSparse's offset order
-    (`[C_in, C_out]` for a 1x1x1 stride-1 kernel); `config` and `training` are accepted and
-    ignored (relconv picks its dataflow itself)."""
+    (`[C_in, C_out]` for a 1x1x1 stride-1 kernel). Of `config` (default: the global, else the
+    default conv config) the map fields are read (see `conv_config`); `training` is ignored."""
     if not isinstance(input, SparseTensor):
         raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
     if not isinstance(weight, Tensor):
@@ -79,7 +80,7 @@ def conv3d(
     _check_geometry(k, s, p, d)
     if generative:
         raise NotImplementedError(GENERATIVE_MESSAGE)
-    return run_conv(input, weight, bias, k, s, p, d, transposed, None)
+    return run_conv(input, weight, bias, k, s, p, d, transposed, map_modes(config), None)
 
 
 def _check_geometry(k: Triple, s: Triple, p: Triple, d: Triple) -> None:
@@ -157,9 +158,11 @@ def run_conv(
     padding: Triple,
     dilation: Triple,
     transposed: bool,
+    modes: tuple[bool, bool],
     runs: Runs | None,
 ) -> SparseTensor:
-    """One conv on validated, normalised arguments (`runs`: the calling module's layers)."""
+    """One conv on validated, normalised arguments (`modes`: `conv_config.map_modes`; `runs`: the
+    calling module's layers)."""
     if k == (1, 1, 1) and s == (1, 1, 1):
         w = weight if weight.dim() == 2 else _single_offset(weight)
         feats = x.feats @ w if bias is None else torch.addmm(bias, x.feats, w)
@@ -172,12 +175,12 @@ def run_conv(
     caches = x._caches  # after _voxel, which may give new coordinates a cache of their own
     hint = None
     if transposed:
-        lows, out_ts, out_range = _transposed_geometry(x, caches, k, s, dilation)
+        lows, out_ts, out_range = _transposed_geometry(x, caches, k, s, dilation, modes[0])
     elif s == (1, 1, 1):
-        lows = torchsparse_lows(k, s, padding)
+        lows = torchsparse_lows(k, s, padding, modes[0])
         out_ts, out_range = x.stride, _subm_range(x.spatial_range, k, padding)
     else:
-        record = _downsample(x, vt, caches, k, s, padding, dilation)
+        record = _downsample(x, vt, caches, k, s, padding, dilation, modes)
         lows, out_range, hint = record.lows, record.spatial_range, record.coords
         if record.voxel is not None:
             vt = VoxelTensor(vt.feats, vt.coords, vt.stride, cache=record.voxel)
@@ -244,12 +247,14 @@ def _next_range(spatial_range: tuple, k: Triple, s: Triple, padding: Triple) -> 
     return (spatial_range[0], *grid)
 
 
-def _transposed_geometry(x: SparseTensor, caches: TensorCache, k: Triple, s: Triple, dilation: Triple):
+def _transposed_geometry(
+    x: SparseTensor, caches: TensorCache, k: Triple, s: Triple, dilation: Triple, hashmap: bool
+):
     if any(t % si for t, si in zip(x.stride, s, strict=True)):
         raise ValueError(f"stride {s} must divide the tensor stride {x.stride} of a transposed conv's input")
     out_ts = tuple(t // si for t, si in zip(x.stride, s, strict=True))
     if s == (1, 1, 1):
-        lows = torchsparse_lows(k, s, (0, 0, 0))
+        lows = torchsparse_lows(k, s, (0, 0, 0), hashmap)
     else:
         record = caches.kmaps.get((out_ts, k, s, dilation))
         if record is None:
@@ -271,6 +276,7 @@ def _downsample(
     s: Triple,
     padding: Triple,
     dilation: Triple,
+    modes: tuple[bool, bool],
 ) -> DownsampleRecord:
     """TorchSparse's output sites of a strided conv (computed once per geometry and cached), and
     relconv's cache seeded with them so that relconv's strided map runs onto exactly these sites."""
@@ -278,10 +284,14 @@ def _downsample(
     record = caches.kmaps.get(key)
     if record is not None:
         return record
-    lows = torchsparse_lows(k, s, padding)
+    hashmap, minkowski = modes
+    lows = torchsparse_lows(k, s, padding, hashmap)
     out_ts = tuple(t * si for t, si in zip(x.stride, s, strict=True))
     out_range = None if x.spatial_range is None else _next_range(x.spatial_range, k, s, padding)
-    coords = downsample_coords(x.coords, k, s, lows, padding, out_range)
+    # TorchSparse's "hashmap" mode takes unbounded floor(p / s) sites when kernel = stride (or 1)
+    # per axis or in "minkowski" downsampling, else the same bounded sites as the default mode.
+    floor = hashmap and (minkowski or all(si in (1, ki) for si, ki in zip(s, k, strict=True)))
+    coords = downsample_coords(x.coords, k, s, padding, out_range, floor)
     known = caches.pairs.get(out_ts)
     own = None
     if known is not None and known[0].shape == coords.shape and bool(torch.equal(known[0], coords)):
@@ -303,13 +313,22 @@ def _downsample(
 
 
 def downsample_coords(
-    coords: Tensor, k: Triple, s: Triple, lows: Triple, padding: Triple, out_range: tuple | None
+    coords: Tensor,
+    k: Triple,
+    s: Triple,
+    padding: Triple,
+    out_range: tuple | None,
+    floor: bool = False,
 ) -> Tensor:
-    """[M, 4] int32 output sites of TorchSparse 2.1's strided conv, sorted by (batch, x, y, z)."""
+    """[M, 4] int32 output sites of TorchSparse 2.1's strided conv, sorted by (batch, x, y, z);
+    `floor`: the unbounded `unique(floor(p / s))` instead."""
     c = coords.long()
     device = c.device
     if c.shape[0] == 0:
         return coords.new_zeros(0, 4, dtype=torch.int32)
+    if floor:
+        step = torch.tensor((1, *s), device=device)
+        return torch.unique(torch.div(c, step, rounding_mode="floor"), dim=0).to(torch.int32)
     kt = torch.tensor(k, device=device)
     st = torch.tensor(s, device=device)
     pt = torch.tensor(padding, device=device)
@@ -327,7 +346,7 @@ def downsample_coords(
     valid = torch.ones_like(batch, dtype=torch.bool)
     for a in range(3):
         digits = torch.arange(k[a], device=device)
-        shifted = c[:, a + 1, None] - lows[a] - digits  # [N, k_a] = o * s where divisible
+        shifted = c[:, a + 1, None] + padding[a] - digits  # [N, k_a] = o * s where divisible
         o = torch.div(shifted, s[a], rounding_mode="floor")
         ok = (shifted - o * s[a] == 0) & (o >= lo[a]) & (o <= hi[a])
         key = key.unsqueeze(-1) * size[a] + (o - lo[a]).view((-1,) + (1,) * a + (k[a],))
@@ -346,7 +365,7 @@ class Conv3d(nn.Module):
 
     Parameters as TorchSparse's: `kernel` `[K, C_in, C_out]` in TorchSparse's offset order
     (`[C_in, C_out]` for a 1x1x1 stride-1 kernel) and `bias` `[C_out]` or None, so its
-    state_dicts load unchanged. `config` is accepted and ignored.
+    state_dicts load unchanged. Of `config`, the map fields are read (see `conv_config`).
     """
 
     def __init__(
@@ -429,6 +448,7 @@ class Conv3d(nn.Module):
         if self.generative:
             raise NotImplementedError(GENERATIVE_MESSAGE)
         params = self._parameters
+        modes = map_modes(self._config)
         return run_conv(
             input,
             params["kernel"],
@@ -438,5 +458,6 @@ class Conv3d(nn.Module):
             self.padding,
             self._dilation3,
             self.transposed,
+            modes,
             self._runs,
         )
