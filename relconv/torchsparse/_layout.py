@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
+
+import torch.nn.functional as F
+from torch import Tensor
 
 Triple = tuple[int, int, int]
 MAX_RELCONV_SIZE = 7
@@ -54,14 +58,38 @@ def _relconv_size(k: int, lo: int) -> int:
     return size
 
 
-@functools.lru_cache(maxsize=256)
-def relconv_geometry(kernel_size: Triple, lows: Triple) -> tuple[Triple, tuple[int, ...] | None]:
-    """(relconv kernel size, source index) for TorchSparse offsets `lows` of `kernel_size`.
+class Geometry(NamedTuple):
+    """How a TorchSparse kernel runs as a relconv kernel of size `size`.
 
-    The relconv weight is `W[r] = kernel[index[r]]`, with index K (one past TorchSparse's last
-    offset) for relconv offsets TorchSparse's kernel does not have (a zero row). None: the weight
-    is TorchSparse's `kernel` unchanged.
+    The relconv weight is `W[r] = kernel[index[r]]`, index K (one past TorchSparse's last offset)
+    standing for a zero row (`zero_row`); `index` None: the weight is `kernel` unchanged.
     """
+
+    size: Triple
+    index: tuple[int, ...] | None
+    zero_row: bool
+
+
+@functools.lru_cache(maxsize=256)
+def torchsparse_lows_cached(kernel_size: Triple, stride: Triple, padding: Triple, hashmap: bool) -> Triple:
+    return torchsparse_lows(kernel_size, stride, padding, hashmap)
+
+
+def to_relconv(kernel: Tensor, geometry: Geometry, index: Tensor | None) -> Tensor:
+    """relconv's weight from TorchSparse's `kernel`: one gather, differentiable (a single autograd
+    node: on a CPU host a third of the host time of a permute-and-copy); `index` is
+    `geometry.index` as an int64 tensor on the kernel's device (None when that is None)."""
+    if geometry.index is None:
+        return kernel
+    if geometry.zero_row:
+        kernel = F.pad(kernel, (0, 0, 0, 0, 0, 1))
+    return kernel.index_select(0, index)
+
+
+@functools.lru_cache(maxsize=256)
+def relconv_geometry(kernel_size: Triple, lows: Triple) -> Geometry:
+    """The relconv kernel running TorchSparse's `kernel_size` kernel with per-axis lowest
+    offsets `lows` (see `Geometry`)."""
     rk = tuple(_relconv_size(k, lo) for k, lo in zip(kernel_size, lows, strict=True))
     kx, ky, kz = kernel_size
     volume = kx * ky * kz
@@ -78,5 +106,5 @@ def relconv_geometry(kernel_size: Triple, lows: Triple) -> tuple[Triple, tuple[i
                 else:
                     index.append((dx * ky + dy) * kz + dz)
     if index == list(range(volume)):
-        return rk, None
-    return rk, tuple(index)
+        return Geometry(rk, None, False)
+    return Geometry(rk, tuple(index), volume in index)

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as tF
 from torch import Tensor, nn
 
-from relconv.torchsparse._layout import relconv_geometry, torchsparse_lows
+from relconv.torchsparse._layout import Geometry, relconv_geometry, to_relconv
+from relconv.torchsparse._layout import torchsparse_lows_cached as torchsparse_lows
 from relconv.torchsparse.nn.functional.conv_config import map_modes
 from relconv.torchsparse.tensor import SparseTensor, TensorCache, get_allow_negative_coordinates, make_ntuple
 from relconv.voxel import Conv3d as VoxelConv3d
@@ -80,6 +80,8 @@ def conv3d(
     _check_geometry(k, s, p, d)
     if generative:
         raise NotImplementedError(GENERATIVE_MESSAGE)
+    if k != (1, 1, 1) or s != (1, 1, 1):
+        _check_weight(weight, k, input)
     return run_conv(input, weight, bias, k, s, p, d, transposed, map_modes(config), None)
 
 
@@ -105,48 +107,39 @@ class Runs:
 
     def __init__(self, in_channels: int, out_channels: int, stride: Triple, transposed: bool) -> None:
         self.args = (in_channels, out_channels, stride, transposed)
-        self.layers: dict[Triple, tuple[Triple, tuple | None, VoxelConv3d]] = {}
+        self.layers: dict[Triple, tuple[Geometry, VoxelConv3d]] = {}
         self.index: dict[tuple, Tensor] = {}
         self.weights: dict[Triple, tuple] = {}
 
-    def layer(self, kernel_size: Triple, lows: Triple) -> tuple[Triple, tuple | None, VoxelConv3d]:
+    def layer(self, kernel_size: Triple, lows: Triple) -> tuple[Geometry, VoxelConv3d]:
         entry = self.layers.get(lows)
         if entry is None:
-            rk, index = relconv_geometry(kernel_size, lows)
+            geometry = relconv_geometry(kernel_size, lows)
             cin, cout, stride, transposed = self.args
-            native = VoxelConv3d(cin, cout, rk, stride=stride, transposed=transposed)
+            native = VoxelConv3d(cin, cout, geometry.size, stride=stride, transposed=transposed)
             # Its own weight is never used: each call sets the converted one.
             native._parameters["weight"] = None
-            entry = self.layers[lows] = (rk, index, native)
+            entry = self.layers[lows] = (geometry, native)
         return entry
 
-    def weight(self, kernel: Tensor, lows: Triple, index: tuple | None) -> Tensor:
-        if index is None:
+    def weight(self, kernel: Tensor, lows: Triple, geometry: Geometry) -> Tensor:
+        if geometry.index is None:
             return kernel
-        zero_row = kernel.shape[0] in index
         if torch.is_grad_enabled() and kernel.requires_grad:
-            return convert_weight(kernel, self._index(index, kernel.device), zero_row)
+            return to_relconv(kernel, geometry, self._index(geometry, kernel.device))
         key = (kernel._version, kernel.data_ptr(), kernel.dtype, kernel.device)
         kept = self.weights.get(lows)
         if kept is None or kept[0] != key:
-            w = convert_weight(kernel, self._index(index, kernel.device), zero_row)
+            w = to_relconv(kernel, geometry, self._index(geometry, kernel.device))
             kept = self.weights[lows] = (key, w)
         return kept[1]
 
-    def _index(self, index: tuple, device: torch.device) -> Tensor:
-        key = (index, device)
+    def _index(self, geometry: Geometry, device: torch.device) -> Tensor:
+        key = (geometry.index, device)
         t = self.index.get(key)
         if t is None:
-            t = self.index[key] = torch.tensor(index, dtype=torch.int64, device=device)
+            t = self.index[key] = torch.tensor(geometry.index, dtype=torch.int64, device=device)
         return t
-
-
-def convert_weight(kernel: Tensor, index: Tensor, zero_row: bool) -> Tensor:
-    """relconv weight `kernel[index]`; with `zero_row`, index K selects zeros (offsets TorchSparse
-    lacks)."""
-    if zero_row:
-        kernel = tF.pad(kernel, (0, 0, 0, 0, 0, 1))
-    return kernel.index_select(0, index)
 
 
 def run_conv(
@@ -170,7 +163,6 @@ def run_conv(
         if out.stride not in x._caches.cmaps:
             x._caches.cmaps[out.stride] = (out.coords, out.spatial_range)
         return out
-    _check_weight(weight, k, x)
     vt = x._voxel()
     caches = x._caches  # after _voxel, which may give new coordinates a cache of their own
     hint = None
@@ -186,17 +178,15 @@ def run_conv(
             vt = VoxelTensor(vt.feats, vt.coords, vt.stride, cache=record.voxel)
         out_ts = tuple(t * si for t, si in zip(x.stride, s, strict=True))
     if runs is not None:
-        rk, index, native = runs.layer(k, lows)
-        native._parameters["weight"] = runs.weight(weight, lows, index)
+        geometry, native = runs.layer(k, lows)
+        native._parameters["weight"] = runs.weight(weight, lows, geometry)
         native._parameters["bias"] = bias
         out = native.forward(vt)
     else:
-        rk, index = relconv_geometry(k, lows)
-        if index is not None:
-            weight = convert_weight(
-                weight, torch.tensor(index, device=weight.device), weight.shape[0] in index
-            )
-        out = voxel_conv3d(vt, weight, rk, stride=s, bias=bias, transposed=transposed)
+        geometry = relconv_geometry(k, lows)
+        index = None if geometry.index is None else torch.tensor(geometry.index, device=weight.device)
+        weight = to_relconv(weight, geometry, index)
+        out = voxel_conv3d(vt, weight, geometry.size, stride=s, bias=bias, transposed=transposed)
     return _wrap(out, out_ts, out_range, caches, hint)
 
 
