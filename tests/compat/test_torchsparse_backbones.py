@@ -1,6 +1,6 @@
-"""SparseResNet21D and SparseResUNet42: state_dict keys and shapes as TorchSparse 2.1's source
-builds them (generated below from that structure), loading such a state_dict, forward and backward
-on a tiny scene."""
+"""SparseResNet21D, SparseResUNet42 (TorchSparse 2.1) and MinkUNet (TorchSparse's model zoo, SPVNAS):
+state_dict keys and shapes as those sources build them (generated below from that structure),
+loading such a state_dict, forward and backward on a tiny scene."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torchsparse_refs import scene
 
-from relconv.torchsparse.backbones import SparseResNet21D, SparseResUNet42
+from relconv.torchsparse.backbones import MinkUNet, SparseResNet21D, SparseResUNet42
 
 BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
@@ -71,28 +71,68 @@ def expected_unet42(in_channels=4, width=1.0):
     return keys
 
 
+def _mink_res(prefix, cin, cout):  # SPVNAS ResidualBlock: net / downsample
+    keys = {
+        **_conv(f"{prefix}.net.0", cin, cout, 27),
+        **_bn(f"{prefix}.net.1", cout),
+        **_conv(f"{prefix}.net.3", cout, cout, 27),
+        **_bn(f"{prefix}.net.4", cout),
+    }
+    if cin != cout:
+        keys.update({**_conv(f"{prefix}.downsample.0", cin, cout, 1), **_bn(f"{prefix}.downsample.1", cout)})
+    return keys
+
+
+def expected_minkunet(num_classes=19, cr=1.0):
+    c = [int(cr * n) for n in (32, 32, 64, 128, 256, 256, 128, 96, 96)]
+    keys = {
+        **_conv("stem.0", 4, c[0], 27),
+        **_bn("stem.1", c[0]),
+        **_conv("stem.3", c[0], c[0], 27),
+        **_bn("stem.4", c[0]),
+    }
+    for i in range(4):
+        keys.update(_conv(f"stage{i + 1}.0.net.0", c[i], c[i], 8))
+        keys.update(_bn(f"stage{i + 1}.0.net.1", c[i]))
+        keys.update(_mink_res(f"stage{i + 1}.1", c[i], c[i + 1]))
+        keys.update(_mink_res(f"stage{i + 1}.2", c[i + 1], c[i + 1]))
+    for i in range(4):
+        keys.update(_conv(f"up{i + 1}.0.net.0", c[4 + i], c[5 + i], 8))
+        keys.update(_bn(f"up{i + 1}.0.net.1", c[5 + i]))
+        keys.update(_mink_res(f"up{i + 1}.1.0", c[5 + i] + c[3 - i], c[5 + i]))
+        keys.update(_mink_res(f"up{i + 1}.1.1", c[5 + i], c[5 + i]))
+    keys.update({"classifier.0.weight": (num_classes, c[8]), "classifier.0.bias": (num_classes,)})
+    for j, (a, b) in enumerate(((c[0], c[4]), (c[4], c[6]), (c[6], c[8]))):
+        keys.update({f"point_transforms.{j}.0.weight": (b, a), f"point_transforms.{j}.0.bias": (b,)})
+        keys.update(_bn(f"point_transforms.{j}.1", b))
+    return keys
+
+
 CASES = [
-    (SparseResNet21D, expected_resnet21d),
-    (SparseResUNet42, expected_unet42),
+    (lambda w: SparseResNet21D(in_channels=4, width_multiplier=w), lambda w: expected_resnet21d(4, w)),
+    (lambda w: SparseResUNet42(in_channels=4, width_multiplier=w), lambda w: expected_unet42(4, w)),
+    (lambda w: MinkUNet(num_classes=19, cr=w), lambda w: expected_minkunet(19, w)),
 ]
+IDS = ["resnet21d", "unet42", "minkunet"]
 
 
-@pytest.mark.parametrize(("cls", "expected"), CASES, ids=["resnet21d", "unet42"])
+@pytest.mark.parametrize(("build", "expected"), CASES, ids=IDS)
 @pytest.mark.parametrize("width", [1.0, 0.5])
-def test_state_dict_keys_and_shapes_are_torchsparse(cls, expected, width):
-    model = cls(in_channels=4, width_multiplier=width)
+def test_state_dict_keys_and_shapes_are_torchsparse(build, expected, width):
+    model = build(width)
     got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    assert got == expected(4, width)
+    assert list(got) == list(expected(width))  # same order as well: the same module tree
+    assert got == expected(width)
 
 
-@pytest.mark.parametrize(("cls", "expected"), CASES, ids=["resnet21d", "unet42"])
-def test_a_torchsparse_state_dict_loads_strictly(cls, expected):
+@pytest.mark.parametrize(("build", "expected"), CASES, ids=IDS)
+def test_a_torchsparse_state_dict_loads_strictly(build, expected):
     g = torch.Generator().manual_seed(0)
     state = {
         k: (torch.tensor(7) if not shape else torch.randn(shape, generator=g))
-        for k, shape in expected(4, 0.25).items()
+        for k, shape in expected(0.25).items()
     }
-    model = cls(in_channels=4, width_multiplier=0.25)
+    model = build(0.25)
     model.load_state_dict(state, strict=True)
     for k, v in model.state_dict().items():
         assert torch.equal(v, state[k]), k
@@ -133,3 +173,14 @@ def test_unet42_forward_backward():
     with torch.no_grad():
         again = model(_tiny_scene())
     assert again[-1].feats.shape == outputs[-1].feats.shape
+
+
+def test_minkunet_forward_backward():
+    model = MinkUNet(num_classes=5, cr=0.25)
+    x = _tiny_scene()
+    logits = model(x)
+    assert logits.shape == (x.feats.shape[0], 5)
+    logits.square().mean().backward()
+    assert x.feats.grad is not None and model.stage4[0].net[0].kernel.grad.abs().sum() > 0
+    with pytest.raises(TypeError, match="num_classes"):
+        MinkUNet()
