@@ -184,3 +184,20 @@ def test_minkunet_forward_backward():
     assert x.feats.grad is not None and model.stage4[0].net[0].kernel.grad.abs().sum() > 0
     with pytest.raises(TypeError, match="num_classes"):
         MinkUNet()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["resnet21d", "unet42"])
+def test_cuda_equals_cpu(name):
+    build = {"resnet21d": SparseResNet21D, "unet42": SparseResUNet42}[name]
+    cpu = build(in_channels=4, width_multiplier=0.5).eval()
+    gpu = build(in_channels=4, width_multiplier=0.5).cuda().eval()
+    gpu.load_state_dict(cpu.state_dict())
+    x = scene(n=3000, grid=48, batch=2, channels=4, seed=5)
+    with torch.no_grad():
+        want = cpu(type(x)(x.feats.float(), x.coords))
+        got = gpu(type(x)(x.feats.float().cuda(), x.coords.cuda()))
+    for a, b in zip(want, got, strict=True):
+        assert a.stride == b.stride and torch.equal(a.coords, b.coords.cpu())
+        torch.testing.assert_close(b.feats.cpu(), a.feats, rtol=1e-4, atol=1e-4)
