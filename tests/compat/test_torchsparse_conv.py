@@ -307,3 +307,20 @@ def test_global_conv_config_is_read_and_cleared():
         tsF.set_conv_mode(5)
     with pytest.raises(TypeError, match="conv_config"):
         tsF.set_global_conv_config("hashmap")
+
+
+def test_copies_of_a_module_get_their_own_relconv_layers():
+    import copy
+    import pickle
+
+    x = scene()
+    layer = _layer(3, 4, 3)
+    want = layer(x).feats
+    twin = copy.deepcopy(layer)
+    with torch.no_grad():
+        twin.kernel.mul_(3)
+    torch.testing.assert_close(twin(x).feats, 3 * want)
+    torch.testing.assert_close(layer(x).feats, want)
+    assert twin._runs is not layer._runs
+    loaded = pickle.loads(pickle.dumps(twin))
+    torch.testing.assert_close(loaded(x).feats, 3 * want)

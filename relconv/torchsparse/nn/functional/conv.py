@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -105,11 +106,24 @@ class Runs:
     converted weight is kept until the kernel changes (tracked by its version counter).
     """
 
-    def __init__(self, in_channels: int, out_channels: int, stride: Triple, transposed: bool) -> None:
+    def __init__(
+        self, owner: nn.Module, in_channels: int, out_channels: int, stride: Triple, transposed: bool
+    ):
+        # The module these layers serve: a copy of it (DataParallel's replicas share its __dict__)
+        # makes its own, as each call sets weights on them.
+        self.owner = weakref.ref(owner)
         self.args = (in_channels, out_channels, stride, transposed)
         self.layers: dict[Triple, tuple[Geometry, VoxelConv3d]] = {}
         self.index: dict[tuple, Tensor] = {}
         self.weights: dict[Triple, tuple] = {}
+
+    def __getstate__(self) -> dict:
+        # Copies and pickles start without layers or cached weights (they are rebuilt on use).
+        return {"owner": None, "args": self.args, "layers": {}, "index": {}, "weights": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.owner = lambda: None
 
     def layer(self, kernel_size: Triple, lows: Triple) -> tuple[Geometry, VoxelConv3d]:
         entry = self.layers.get(lows)
@@ -179,9 +193,12 @@ def run_conv(
         out_ts = tuple(t * si for t, si in zip(x.stride, s, strict=True))
     if runs is not None:
         geometry, native = runs.layer(k, lows)
-        native._parameters["weight"] = runs.weight(weight, lows, geometry)
-        native._parameters["bias"] = bias
-        out = native.forward(vt)
+        params = native._parameters
+        params["weight"], params["bias"] = runs.weight(weight, lows, geometry), bias
+        try:
+            out = native.forward(vt)
+        finally:
+            params["weight"] = params["bias"] = None  # the layer holds no tensor between calls
     else:
         geometry = relconv_geometry(k, lows)
         index = None if geometry.index is None else torch.tensor(geometry.index, device=weight.device)
@@ -405,7 +422,7 @@ class Conv3d(nn.Module):
             self.bias = nn.Parameter(torch.zeros(out_channels))
         else:
             self.register_parameter("bias", None)
-        self._runs = Runs(in_channels, out_channels, self.stride, transposed)
+        self._runs = Runs(self, in_channels, out_channels, self.stride, transposed)
         self._dilation3 = make_ntuple(dilation, 3, "dilation")
         self.reset_parameters()
 
@@ -438,6 +455,9 @@ class Conv3d(nn.Module):
         if self.generative:
             raise NotImplementedError(GENERATIVE_MESSAGE)
         params = self._parameters
+        runs = self._runs
+        if runs.owner() is not self:
+            runs = self._runs = Runs(self, *runs.args)
         modes = map_modes(self._config)
         return run_conv(
             input,
@@ -449,5 +469,5 @@ class Conv3d(nn.Module):
             self._dilation3,
             self.transposed,
             modes,
-            self._runs,
+            runs,
         )
