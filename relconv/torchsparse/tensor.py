@@ -221,7 +221,7 @@ class SparseTensor:
             raise TypeError(f"feats must be a torch.Tensor to run a layer, got {type(self.feats).__name__}")
         caches, stride = self._caches, self._stride
         known = caches.pairs.get(stride)
-        if known is not None and known[0] is coords:
+        if known is not None and _same(known[0], coords):
             fine = known[1]
         else:
             if known is not None:
@@ -270,6 +270,13 @@ class PointTensor:
         out = PointTensor(self.F + other.F, self.C, self.idx_query, self.weights)
         out.additional_features = self.additional_features
         return out
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Whether `b` holds the coordinates `a` (the same tensor; else, a copy of it: one comparison)."""
+    if a is b:
+        return True
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
 
 
 def _range_tuple(spatial_range: Any) -> tuple:

@@ -78,6 +78,9 @@ def test_a_user_tensor_sharing_the_cache_reuses_the_maps():
     y = SparseTensor(a.feats * 2, a.coords, a.stride)
     y._caches = a._caches
     assert y._voxel().cache is a._voxel().cache
+    copied = SparseTensor(a.feats, a.coords.clone(), a.stride)
+    copied._caches = a._caches
+    assert copied._voxel().cache is a._voxel().cache and copied._caches is a._caches
     # other coordinates than the cache holds at that stride get their own cache
     z = SparseTensor(a.feats[:5].clone(), a.coords[:5].clone())
     z._caches = a._caches

@@ -352,12 +352,14 @@ def downsample_coords(
     key = batch
     valid = torch.ones_like(batch, dtype=torch.bool)
     for a in range(3):
-        digits = torch.arange(k[a], device=device)
-        shifted = c[:, a + 1, None] + padding[a] - digits  # [N, k_a] = o * s where divisible
-        o = torch.div(shifted, s[a], rounding_mode="floor")
-        ok = (shifted - o * s[a] == 0) & (o >= lo[a]) & (o <= hi[a])
-        key = key.unsqueeze(-1) * size[a] + (o - lo[a]).view((-1,) + (1,) * a + (k[a],))
-        valid = valid.unsqueeze(-1) & ok.view((-1,) + (1,) * a + (k[a],))
+        # o * s = p + padding - d for a digit d in 0..k-1: the ceil(k / s) values of o at and below
+        # floor((p + padding) / s) whose digit p + padding - o * s stays below k.
+        m = -(-k[a] // s[a])
+        top = torch.div(c[:, a + 1] + padding[a], s[a], rounding_mode="floor")
+        o = top[:, None] - torch.arange(m, device=device)  # [N, m]
+        ok = (c[:, a + 1, None] + padding[a] - o * s[a] < k[a]) & (o >= lo[a]) & (o <= hi[a])
+        key = key.unsqueeze(-1) * size[a] + (o - lo[a]).view((-1,) + (1,) * a + (m,))
+        valid = valid.unsqueeze(-1) & ok.view((-1,) + (1,) * a + (m,))
     keys = torch.unique(key[valid], sorted=True)
     out = torch.empty(keys.shape[0], 4, dtype=torch.int64, device=device)
     for a in (2, 1, 0):
