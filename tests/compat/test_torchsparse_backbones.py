@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchsparse_refs import scene
 
 from relconv.torchsparse.backbones import MinkUNet, SparseResNet21D, SparseResUNet42
+from tests.compat.torchsparse_refs import scene
 
 BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 

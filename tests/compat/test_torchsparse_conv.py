@@ -8,13 +8,13 @@ import math
 
 import pytest
 import torch
-from torchsparse_refs import dense_conv, dense_transposed, scene, strided_sites
 
 import relconv.torchsparse as torchsparse
 import relconv.torchsparse.nn as spnn
 import relconv.torchsparse.nn.functional as tsF
 from relconv.voxel import Conv3d as VoxelConv3d
 from relconv.voxel import VoxelTensor
+from tests.compat.torchsparse_refs import dense_conv, dense_transposed, scene, strided_sites
 from tests.conftest import DEVICES
 
 GRID, BATCH = 9, 2

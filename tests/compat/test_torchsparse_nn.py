@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchsparse_refs import scene
 
 import relconv.torchsparse.nn as spnn
 import relconv.torchsparse.nn.functional as tsF
 from relconv.torchsparse import SparseTensor
 from relconv.torchsparse.nn.utils import fapply, get_kernel_offsets
+from tests.compat.torchsparse_refs import scene
 from tests.conftest import DEVICES
 
 

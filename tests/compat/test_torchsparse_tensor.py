@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torchsparse_refs import scene
 
 import relconv.torchsparse as torchsparse
 import relconv.torchsparse.nn as spnn
 from relconv.torchsparse import SparseTensor
+from tests.compat.torchsparse_refs import scene
 
 
 def test_attributes_and_aliases():
