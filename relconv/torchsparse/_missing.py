@@ -6,12 +6,7 @@ Each package's module-level `__getattr__` raises NotImplementedError for these (
 
 from __future__ import annotations
 
-POINT_OPS = (
-    "the point-voxel ops of SPVCNN-style models (sphash, sphashquery, spcount, spvoxelize, "
-    "spdevoxelize, calc_ti_weights) are not provided by relconv.torchsparse; relconv.voxel.voxelize / "
-    "devoxelize cover voxelisation"
-)
-TUNER = "TorchSparse's kernel-map internals are not provided: relconv builds and caches its own maps"
+KERNEL_MAPS = "TorchSparse's kernel-map internals are not provided: relconv builds and caches its own maps"
 
 MISSING = {
     "torchsparse.nn": {
@@ -19,19 +14,8 @@ MISSING = {
         for name in ("ToBEVConvolution", "ToBEVReduction", "ToBEVHeightCompression")
     },
     "torchsparse.nn.functional": {
-        **{
-            name: POINT_OPS
-            for name in ("sphash", "sphashquery", "spcount", "spvoxelize", "spdevoxelize", "calc_ti_weights")
-        },
-        **{
-            name: TUNER
-            for name in (
-                "build_kernel_map",
-                "transpose_kernel_map",
-                "spdownsample",
-                "spupsample_generative",
-            )
-        },
+        name: KERNEL_MAPS
+        for name in ("build_kernel_map", "transpose_kernel_map", "spdownsample", "spupsample_generative")
     },
 }
 

@@ -128,7 +128,7 @@ def test_to_dense_bev_convolution_equals_a_loop():
 def test_missing_names_say_what_is_missing():
     with pytest.raises(NotImplementedError, match="ToBEVConvolution"):
         spnn.ToBEVConvolution  # noqa: B018
-    with pytest.raises(NotImplementedError, match="spvoxelize"):
-        from relconv.torchsparse.nn.functional import spvoxelize  # noqa: F401
+    with pytest.raises(NotImplementedError, match="spdownsample"):
+        from relconv.torchsparse.nn.functional import spdownsample  # noqa: F401
     with pytest.raises(AttributeError, match="NoSuchLayer"):
         spnn.NoSuchLayer  # noqa: B018

@@ -18,11 +18,20 @@ from relconv.torchsparse.nn.functional.conv_config import (
     set_kmap_mode,
 )
 from relconv.torchsparse.nn.functional.crop import spcrop
+from relconv.torchsparse.nn.functional.point import (
+    calc_ti_weights,
+    spcount,
+    spdevoxelize,
+    sphash,
+    sphashquery,
+    spvoxelize,
+)
 from relconv.torchsparse.nn.functional.pooling import global_avg_pool, global_max_pool
 
 __all__ = [
     "ConvMode",
     "Dataflow",
+    "calc_ti_weights",
     "clear_global_conv_config",
     "conv3d",
     "get_conv_mode",
@@ -39,7 +48,12 @@ __all__ = [
     "set_global_conv_config",
     "set_kmap_mode",
     "silu",
+    "spcount",
     "spcrop",
+    "spdevoxelize",
+    "sphash",
+    "sphashquery",
+    "spvoxelize",
 ]
 
 
