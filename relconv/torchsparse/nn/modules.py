@@ -1,0 +1,125 @@
+"""TorchSparse's feature-wise modules (norms, activations), global pooling and crop.
+
+The norms and activations are torch's own modules applied to `feats`, so their parameters,
+buffers and state_dict keys are TorchSparse's (which subclasses the same torch modules).
+On CUDA, `BatchNorm` runs relconv's fused `batch_norm_act` op, as relconv's own voxel layers do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from relconv.ops import batch_norm_act
+from relconv.torchsparse.nn.functional import global_avg_pool, global_max_pool, spcrop
+from relconv.torchsparse.tensor import SparseTensor
+
+__all__ = [
+    "BatchNorm",
+    "GlobalAvgPool",
+    "GlobalMaxPool",
+    "GroupNorm",
+    "InstanceNorm",
+    "LeakyReLU",
+    "ReLU",
+    "SiLU",
+    "SparseCrop",
+]
+
+
+def _sparse(input: object) -> SparseTensor:
+    if not isinstance(input, SparseTensor):
+        raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
+    return input
+
+
+class ReLU(nn.ReLU):
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        x = _sparse(input)
+        return x._like(super().forward(x.feats))
+
+
+class LeakyReLU(nn.LeakyReLU):
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        x = _sparse(input)
+        return x._like(super().forward(x.feats))
+
+
+class SiLU(nn.SiLU):
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        x = _sparse(input)
+        return x._like(super().forward(x.feats))
+
+
+class InstanceNorm(nn.InstanceNorm1d):
+    """torch's InstanceNorm1d on the `[N, C]` features (statistics over all voxels per channel)."""
+
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        x = _sparse(input)
+        return x._like(super().forward(x.feats))
+
+
+class BatchNorm(nn.BatchNorm1d):
+    """torch's BatchNorm1d over the voxels; on CUDA relconv's `batch_norm_act` op with torch's
+    statistics rules (running statistics read in eval, updated in training when tracked)."""
+
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        x = _sparse(input)
+        feats = x.feats
+        if not feats.is_cuda or self.momentum is None:
+            return x._like(super().forward(feats))
+        training = self.training
+        buffers, params = self._buffers, self._parameters
+        mean, var = buffers["running_mean"], buffers["running_var"]
+        use_running = not training or self.track_running_stats
+        out = batch_norm_act(
+            feats,
+            params["weight"],
+            params["bias"],
+            mean if use_running else None,
+            var if use_running else None,
+            training or mean is None,
+            self.momentum,
+            self.eps,
+            False,
+            buffers["num_batches_tracked"] if training and self.track_running_stats else None,
+        )
+        return x._like(out)
+
+
+class GroupNorm(nn.GroupNorm):
+    """torch's GroupNorm per sample: each sample's voxels form one `[1, C, N_b]` instance."""
+
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        x = _sparse(input)
+        coords, feats = x.coords, x.feats
+        out = torch.zeros_like(feats)
+        batch = coords[:, 0]
+        for b in torch.unique(batch).tolist():
+            rows = batch == b
+            sample = feats[rows].t().unsqueeze(0)
+            out[rows] = super().forward(sample).squeeze(0).t()
+        return x._like(out)
+
+
+class GlobalAvgPool(nn.Module):
+    def forward(self, input: SparseTensor) -> Tensor:
+        return global_avg_pool(input)
+
+
+class GlobalMaxPool(nn.Module):
+    def forward(self, input: SparseTensor) -> Tensor:
+        return global_max_pool(input)
+
+
+class SparseCrop(nn.Module):
+    def __init__(
+        self, coords_min: Sequence[int] | None = None, coords_max: Sequence[int] | None = None
+    ) -> None:
+        super().__init__()
+        self.coords_min, self.coords_max = coords_min, coords_max
+
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        return spcrop(input, self.coords_min, self.coords_max)
