@@ -21,8 +21,7 @@ every stride-2 level floors identically for every implementation, and float32 fe
 
 `scene_stats(scene)` measures a scene's neighbourhood structure; `python -m benchmarks.workloads.families
 --list` prints the table of every family and size from benchmarks/workloads/family_stats.json, and
-`--update [PATTERN]` regenerates those scenes and rewrites their entries (a `lazy` size, the 10M-voxel
-aggregate, only when named exactly: it takes minutes on a busy machine).
+`--update [PATTERN]` regenerates those scenes and rewrites their entries.
 """
 
 from __future__ import annotations
@@ -566,12 +565,10 @@ def objects(resolution: int, seed: int = 0, samples_per_voxel: float = 3.0) -> F
 @dataclass(frozen=True)
 class SceneSpec:
     """One size of a family: `spec(seed)` generates it; `expected` is its voxel-count range at any
-    seed; `lazy` sizes are too big to generate in a routine stats update (`--update` skips them
-    unless named) but load like any other."""
+    seed; `real` sizes read real data (the network or a cache) instead of generating it."""
 
     make: Callable[..., FamilyScene]
     expected: tuple[int, int]
-    lazy: bool = False
     real: bool = False
 
     def __call__(self, seed: int = 0) -> FamilyScene:
@@ -599,7 +596,7 @@ FAMILIES: dict[str, dict[str, SceneSpec]] = {
         "aggregate-2m": SceneSpec(partial(aggregate, 32, voxel_size=0.03), (1_500_000, 2_600_000)),
         "aggregate-4m": SceneSpec(partial(aggregate, 40, beams=128, voxel_size=0.03), (3_000_000, 5_000_000)),
         "aggregate-10m": SceneSpec(
-            partial(aggregate, 70, beams=128, voxel_size=0.02), (8_000_000, 13_000_000), lazy=True
+            partial(aggregate, 70, beams=128, voxel_size=0.02), (8_000_000, 13_000_000)
         ),
     },
     "room": {
@@ -719,8 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="?",
         const="*",
         metavar="PATTERN",
-        help="regenerate the scenes matching PATTERN (fnmatch, comma-separated; default every non-lazy "
-        "one) and rewrite their entries in family_stats.json",
+        help="regenerate the scenes matching PATTERN (fnmatch, comma-separated; default every one) "
+        "and rewrite their entries in family_stats.json",
     )
     args = p.parse_args(argv)
     if not args.list and args.update is None:
@@ -728,23 +725,21 @@ def main(argv: list[str] | None = None) -> int:
     stats = _load_stats()
     if args.update is not None:
         patterns = [s.strip() for s in args.update.split(",") if s.strip()]
-        for sizes in FAMILIES.values():
-            for name, spec in sizes.items():
-                named = any(name == pat for pat in patterns)
-                if not any(fnmatch.fnmatchcase(name, pat) for pat in patterns) or (spec.lazy and not named):
-                    continue
-                try:
-                    stats[name] = measure(name)
-                except Exception as err:  # real data offline: keep the old entry, say why
-                    print(f"{name}: skipped ({type(err).__name__}: {err})", file=sys.stderr)
-                    continue
-                print(
-                    f"{name}: {stats[name]['voxels']:,} voxels, {stats[name]['generate_cpu_s']} s CPU",
-                    file=sys.stderr,
-                )
-                order = {n: i for i, n in enumerate(scene_names())}
-                stats = dict(sorted(stats.items(), key=lambda kv: order.get(kv[0], len(order))))
-                STATS_PATH.write_text(json.dumps(stats, indent=1) + "\n")
+        for name in scene_names():
+            if not any(fnmatch.fnmatchcase(name, pat) for pat in patterns):
+                continue
+            try:
+                stats[name] = measure(name)
+            except Exception as err:  # real data offline: keep the old entry, say why
+                print(f"{name}: skipped ({type(err).__name__}: {err})", file=sys.stderr)
+                continue
+            print(
+                f"{name}: {stats[name]['voxels']:,} voxels, {stats[name]['generate_cpu_s']} s CPU",
+                file=sys.stderr,
+            )
+            order = {n: i for i, n in enumerate(scene_names())}
+            stats = dict(sorted(stats.items(), key=lambda kv: order.get(kv[0], len(order))))
+            STATS_PATH.write_text(json.dumps(stats, indent=1) + "\n")
     if args.list:
         print(table(stats))
     return 0
