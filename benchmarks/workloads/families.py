@@ -118,22 +118,26 @@ def _packed(coords: np.ndarray, margin: int) -> tuple[np.ndarray, tuple[int, int
     return key, (sx, sy, sz)
 
 
-def neighbour_pairs(coords: np.ndarray) -> int:
-    """Unordered pairs of distinct occupied voxels (same batch entry) within each other's 3^3 window."""
+def neighbour_histogram(coords: np.ndarray) -> np.ndarray:
+    """[28] int64: entry k counts the voxels whose 3^3 window (same batch entry) holds k occupied
+    voxels, the voxel itself included (entry 0 is always 0)."""
     key, (sx, sy, sz) = _packed(coords, 1)
-    pairs = 0
+    counts = np.ones(len(key), np.int64)
     for dx, dy, dz in _HALF_OFFSETS:
         target = key + (dx * sx + dy * sy + dz * sz)
         idx = np.minimum(np.searchsorted(key, target), len(key) - 1)
-        pairs += int(np.count_nonzero(key[idx] == target))
-    return pairs
+        found = key[idx] == target
+        counts[found] += 1
+        counts[idx[found]] += 1  # distinct targets find distinct voxels: no index repeats
+    return np.bincount(counts, minlength=28)
 
 
 def scene_stats(scene: FamilyScene) -> dict:
     """Size and neighbourhood statistics of a scene.
 
     mean_neighbours_3x3x3: occupied voxels in each voxel's 3^3 window, the voxel itself included
-    (1..27), averaged over voxels: the rows per output of a submanifold 3^3 kernel map.
+    (1..27), averaged over voxels: the rows per output of a submanifold 3^3 kernel map
+    (`neighbour_histogram` has the distribution).
     table_density: mean_neighbours_3x3x3 / 27, the filled fraction of that map's [N, 27] table.
     down2_reduction: voxels per output voxel of a 2^3 stride-2 downsampling (1..8).
     extent_voxels / extent_m: the bounding box of the coordinates (all batch entries together)."""
@@ -146,7 +150,9 @@ def scene_stats(scene: FamilyScene) -> dict:
     coarse_key, _ = _packed(coarse, 0)
     n_coarse = 1 + int(np.count_nonzero(coarse_key[1:] != coarse_key[:-1]))
     extent = (coords[:, 1:].max(0) - coords[:, 1:].min(0) + 1).astype(int)
-    mean_nb = 1.0 + 2.0 * neighbour_pairs(coords) / n
+    hist = neighbour_histogram(coords)
+    mean_nb = float(hist @ np.arange(28)) / n
+    cumulative = np.cumsum(hist)
     return {
         "voxels": n,
         "batch_size": scene.batch_size,
@@ -155,6 +161,9 @@ def scene_stats(scene: FamilyScene) -> dict:
         "extent_m": [round(float(e) * scene.voxel_size, 2) for e in extent],
         "mean_neighbours_3x3x3": round(mean_nb, 3),
         "table_density": round(mean_nb / 27.0, 4),
+        # The 10th, 50th and 90th percentiles of the per-voxel count, and its histogram over 1..27.
+        "neighbours_p10_p50_p90": [int(np.searchsorted(cumulative, q * n)) for q in (0.1, 0.5, 0.9)],
+        "neighbour_histogram": hist[1:].tolist(),
         "down2_reduction": round(n / n_coarse, 3),
     }
 
@@ -685,10 +694,11 @@ def measure(name: str, seed: int = 0) -> dict:
 def table(stats: dict) -> str:
     head = (
         f"{'family':<10} {'scene':<20} {'voxels':>11} {'batch':>5} {'voxel':>6} {'extent (m)':>22} "
-        f"{'nb 3^3':>7} {'density':>7} {'down2':>6} {'gen cpu s':>9}"
+        f"{'nb 3^3':>7} {'p10/50/90':>9} {'density':>7} {'down2':>6} {'gen cpu s':>9}"
     )
     lines = [
-        "nb 3^3: mean occupied voxels in a voxel's 3^3 window, itself included; density: nb 3^3 / 27; "
+        "nb 3^3: mean occupied voxels in a voxel's 3^3 window, itself included (p10/50/90: percentiles); "
+        "density: nb 3^3 / 27; "
         "down2: voxels per output of a 2^3 stride-2 downsampling; gen cpu s: generation CPU time (one core)",
         head,
         "-" * len(head),
@@ -700,9 +710,10 @@ def table(stats: dict) -> str:
                 lines.append(f"{family:<10} {name:<20} {'(not measured)':>11}")
                 continue
             extent = " x ".join(f"{e:g}" for e in s["extent_m"])
+            pct = "/".join(str(v) for v in s["neighbours_p10_p50_p90"])
             lines.append(
                 f"{family:<10} {name:<20} {s['voxels']:>11,} {s['batch_size']:>5} {s['voxel_size_m']:>6.3g} "
-                f"{extent:>22} {s['mean_neighbours_3x3x3']:>7.2f} {s['table_density']:>7.3f} "
+                f"{extent:>22} {s['mean_neighbours_3x3x3']:>7.2f} {pct:>9} {s['table_density']:>7.3f} "
                 f"{s['down2_reduction']:>6.2f} {s['generate_cpu_s']:>9.1f}"
             )
     return "\n".join(lines)

@@ -83,14 +83,14 @@ def test_sweep_culling_matches_testing_every_ray(monkeypatch):
     assert np.array_equal(culled[0], full[0]) and np.array_equal(culled[1], full[1])
 
 
-def _brute_force_stats(coords: np.ndarray) -> tuple[float, float]:
+def _brute_force_stats(coords: np.ndarray) -> tuple[list[int], float]:
     occupied = {tuple(c) for c in coords.tolist()}
     counts = [
         sum((b, x + dx, y + dy, z + dz) in occupied for dx, dy, dz in itertools.product((-1, 0, 1), repeat=3))
         for b, x, y, z in coords.tolist()
     ]
     coarse = {(b, x // 2, y // 2, z // 2) for b, x, y, z in coords.tolist()}
-    return float(np.mean(counts)), len(coords) / len(coarse)
+    return counts, len(coords) / len(coarse)
 
 
 def test_neighbour_stats_match_a_brute_force_count():
@@ -100,7 +100,10 @@ def test_neighbour_stats_match_a_brute_force_count():
     coords[:, 1:] += np.array([0, 5, 17], np.int32)  # not at the origin: the margins must not wrap
     coords = coords[np.lexsort(coords[:, ::-1].T)]
     stats = scene_stats(FamilyScene(coords, np.zeros((len(coords), 4), np.float32), 2, 0.1))
-    mean_nb, reduction = _brute_force_stats(coords)
+    counts, reduction = _brute_force_stats(coords)
+    mean_nb = float(np.mean(counts))
+    assert stats["neighbour_histogram"] == np.bincount(counts, minlength=28)[1:].tolist()
+    assert stats["neighbours_p10_p50_p90"][1] == int(np.percentile(counts, 50, method="inverted_cdf"))
     assert stats["mean_neighbours_3x3x3"] == pytest.approx(mean_nb, abs=1e-3)
     assert stats["table_density"] == pytest.approx(mean_nb / 27, abs=1e-4)
     assert stats["down2_reduction"] == pytest.approx(reduction, abs=1e-3)
@@ -113,6 +116,9 @@ def test_neighbour_stats_of_a_full_block():
     stats = scene_stats(FamilyScene(coords, np.zeros((64, 4), np.float32), 1, 1.0))
     # Per axis, 2 cells see 2 and 2 see 3 occupied cells along it: mean 2.5 per axis, 2.5^3 in all.
     assert stats["mean_neighbours_3x3x3"] == pytest.approx(2.5**3)
+    # Corner cells see 2^3, edge cells 2^2 * 3, face cells 2 * 3^2 and the 8 inner cells 3^3.
+    hist = stats["neighbour_histogram"]
+    assert (hist[8 - 1], hist[12 - 1], hist[18 - 1], hist[27 - 1]) == (8, 24, 24, 8) and sum(hist) == 64
     assert stats["down2_reduction"] == 8.0
 
 
