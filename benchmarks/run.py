@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--warmup-seconds", type=float, default=None, help="minimum warm-up per case (default 0.3 s)"
     )
+    p.add_argument(
+        "--families",
+        default="",
+        help="also run the voxel cases of the scene families (benchmarks/workloads/families.py) whose "
+        "scene names match these comma-separated fnmatch patterns, e.g. '*' or 'aggregate-*,room-2cm'",
+    )
     p.add_argument("--list", action="store_true", help="print the selected case names and exit")
     p.add_argument(
         "--phase",
@@ -85,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         for spec in suite.case_specs(_devices(name, device), args.tiny):
             if any(fnmatch.fnmatchcase(spec["case"], pat) for pat in patterns):
                 plan.append((suite, spec))
+    families = [p.strip() for p in args.families.split(",") if p.strip()]
+    if families and "voxel" in suites:
+        for spec in voxel_suite.family_case_specs(_devices("voxel", device), families):
+            if any(fnmatch.fnmatchcase(spec["case"], pat) for pat in patterns):
+                plan.append((voxel_suite, spec))
     if args.list:
         print("\n".join(spec["case"] for _, spec in plan))
         return 0

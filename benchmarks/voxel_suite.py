@@ -120,6 +120,40 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
                 specs.append(
                     dict(kind="e2e", device=dev, workload="kitti-real", width=1.0, mode="train", dtype=dt)
                 )
+    return _named(specs)
+
+
+# Scenes of benchmarks/workloads/families.py (run.py --families): each one with every layer op at
+# every width in these precisions and each (map, pass), the map builds, and MinkUNet 1.0 inference
+# and training step in fp16; run.py's --cases narrows the product.
+FAMILY_DTYPES = ("fp16", "bf16", "tf32")
+
+
+def family_case_specs(devices: list[str], patterns: list[str]) -> list[dict]:
+    """Cases on the family scenes whose names match any of `patterns` (fnmatch)."""
+    import fnmatch
+
+    from benchmarks.workloads.families import family_of, scene_names
+
+    specs = []
+    for dev in devices:
+        for w in scene_names():
+            if not any(fnmatch.fnmatchcase(w, p) for p in patterns):
+                continue
+            base = dict(device=dev, workload=w, family=family_of(w))
+            for op in OPS:
+                for c in CHANNELS:
+                    for dt in FAMILY_DTYPES:
+                        for mp, ps in MAP_PASSES:
+                            specs.append(dict(base, kind="layer", op=op, C=c, dtype=dt, map=mp, pass_=ps))
+            for op in ("subm3", "down2", "down3"):
+                specs.append(dict(base, kind="map", op=op, dtype="fp32"))
+            for mode in ("infer", "train"):
+                specs.append(dict(base, kind="e2e", width=1.0, mode=mode, dtype="fp16"))
+    return _named(specs)
+
+
+def _named(specs: list[dict]) -> list[dict]:
     for s in specs:
         s["suite"] = "voxel"
         if s["kind"] == "layer":

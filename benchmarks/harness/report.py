@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from collections import defaultdict
@@ -189,10 +190,79 @@ def _fmt(v, spec: str) -> str:
 
 def table(rows: list[dict]) -> str:
     """Per suite, one line per case: relconv's time, its multiple of the floor, each peer's time
-    (with relconv's speedup over it) or status."""
-    return "\n\n".join(
-        _suite_table([r for r in rows if r["suite"] == s]) for s in sorted({r["suite"] for r in rows})
+    (with relconv's speedup over it) or status; then the voxel suite's summary per scene family."""
+    tables = [_suite_table([r for r in rows if r["suite"] == s]) for s in sorted({r["suite"] for r in rows})]
+    if fam := family_table(rows):
+        tables.append(fam)
+    return "\n\n".join(tables)
+
+
+def family_summary(rows: list[dict]) -> list[dict]:
+    """Per (device, scene family) of the voxel suite: over the cases both relconv and a peer timed,
+    relconv's speedup over the best peer of each case (`speedup`, the peer with the lowest one):
+    how many cases, the median and the minimum, and how many fall below 1.2x and 1.0x; the same
+    from GPU time per call (`gpu_speedup`) over the cases that have it."""
+    from benchmarks.workloads.families import family_of
+
+    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r.get("suite") == "voxel" and r["status"] == "ok":
+            by_case[r["case"]][r["impl"]] = r
+    groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: {"sp": [], "gpu": []})
+    for impls in by_case.values():
+        rc = impls.get("relconv")
+        if rc is None:
+            continue
+        peers = [row for impl, row in impls.items() if not is_relconv(impl)]
+        sp = [s for row in peers if (s := speedup(row, rc)) is not None]
+        gpu = [g for row in peers if (g := gpu_speedup(row, rc)) is not None]
+        if not sp and not gpu:
+            continue
+        key = (rc.get("device", "?"), rc.get("family") or family_of(rc.get("workload", "")))
+        if sp:
+            groups[key]["sp"].append(min(sp))
+        if gpu:
+            groups[key]["gpu"].append(min(gpu))
+    out = []
+    for (device, family), g in sorted(groups.items()):
+        entry = {"device": device, "family": family}
+        for tag, values in (("", g["sp"]), ("gpu_", g["gpu"])):
+            entry.update(
+                {
+                    f"{tag}rows": len(values),
+                    f"{tag}median": statistics.median(values) if values else None,
+                    f"{tag}min": min(values) if values else None,
+                    f"{tag}below_1.2": sum(v < 1.2 for v in values),
+                    f"{tag}below_1.0": sum(v < 1.0 for v in values),
+                }
+            )
+        out.append(entry)
+    return out
+
+
+def family_table(rows: list[dict]) -> str:
+    """`family_summary` as text; empty when no voxel case has a peer to compare with."""
+    summary = family_summary(rows)
+    if not summary:
+        return ""
+    head = (
+        f"{'device':<6} {'family':<10} {'rows':>5} {'median':>7} {'min':>6} {'<1.2x':>6} {'<1.0x':>6}   "
+        f"{'gpu rows':>8} {'median':>7} {'min':>6} {'<1.2x':>6} {'<1.0x':>6}"
     )
+    lines = [
+        "per scene family: relconv's speedup over the best peer of each case (the lower of the latency "
+        "and throughput ratios), then the same in GPU time per call",
+        head,
+        "-" * len(head),
+    ]
+    for e in summary:
+        lines.append(
+            f"{e['device']:<6} {e['family']:<10} {e['rows']:>5} {_fmt(e['median'], '.2f'):>7} "
+            f"{_fmt(e['min'], '.2f'):>6} {e['below_1.2']:>6} {e['below_1.0']:>6}   {e['gpu_rows']:>8} "
+            f"{_fmt(e['gpu_median'], '.2f'):>7} {_fmt(e['gpu_min'], '.2f'):>6} {e['gpu_below_1.2']:>6} "
+            f"{e['gpu_below_1.0']:>6}"
+        )
+    return "\n".join(lines)
 
 
 def _suite_table(rows: list[dict]) -> str:

@@ -79,8 +79,16 @@ def voxel_size(name: str) -> float:
 
 
 def load_scene(name: str, device: torch.device) -> Scene:
+    """The suite's fixed workloads above, or a scene of benchmarks/workloads/families.py by its name
+    (aggregate-1m, room-2cm, batch4-64beam, ...), generated at seed 0."""
+    from benchmarks.workloads import families
     from relconv.voxel import voxelize
 
+    if name in families.scene_names():
+        s = families.make_scene(name)
+        return Scene(
+            torch.from_numpy(s.coords).to(device), torch.from_numpy(s.feats).to(device), s.batch_size
+        )
     clouds = _scan_points(name)
     points = torch.cat([torch.from_numpy(np.ascontiguousarray(p)) for p, _ in clouds])
     inten = torch.cat([torch.from_numpy(np.ascontiguousarray(i)).float() for _, i in clouds])
