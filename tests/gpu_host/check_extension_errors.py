@@ -4,18 +4,22 @@ assembled from several pieces (a number, or two strings)? And if not, why?
 On one GPU host (torch 2.11.0+cu130, gcc 13.3) a five-line extension with no relconv code segfaults
 when a check whose message formats a number fails, while a one-piece message raises a clean
 ValueError; relconv's own argument checks crash there too. A one-piece message never reaches a
-std::ostringstream (c10::str returns it as it is); any other goes through one, and its `str()` is
-one of the libstdc++ entry points that torch's libraries also export (copies linked in statically
-by the toolchain torch is built with). Which copy an extension binds to follows the order of its
-DT_NEEDED entries: the torch libraries come before libstdc++ in a default build.
+std::ostringstream (c10::str returns it as it is); any other is assembled in one. libc10 exports
+copies of some libstdc++ members (among them std::ostringstream's default constructor and its
+C++20 `str() const&`, newer than the base libstdc++ of the toolchain torch is built with, which
+links them in statically), and an extension linked the default way (torch's libraries ahead of
+libstdc++ in DT_NEEDED) binds those to libc10 and `operator<<(long)` to libstdc++: one stream, two
+runtimes. On CPU hosts the two agree (CI); where they do not, the first number written crashes.
 
     python tests/gpu_host/check_extension_errors.py
 
 builds a probe extension in several variants (compile and link flags), calls each of its checks in
 a fresh process, and prints the environment, which loaded libraries export libstdc++ stream
-symbols, where the probe's stream symbols bind (LD_DEBUG), the outcome of every variant and call,
-and relconv's own extension with a bad argument. Exit code 0 when every default call raised its
-ValueError.
+symbols, where the probe's references to the C++ runtime bind (LD_DEBUG), the outcome of every
+variant and call, a native backtrace if the default build crashes (gdb), and relconv's own
+extension with a bad argument and its DT_NEEDED order. The cause above predicts: `default` and
+`c++17` crash at `number` and `format_only` only; `libstdc++-first` (what setup.py links) and
+`LD_PRELOAD libstdc++` raise everywhere. Exit code 0 when every default call raised its ValueError.
 """
 
 import concurrent.futures
@@ -198,21 +202,23 @@ def build(name, src, root, cflags, ldflags):
 
 
 def bindings(so: str) -> None:
-    """Where the default probe's stream symbols bind (glibc's LD_DEBUG=bindings)."""
+    """Where the probe's references to libstdc++ bind (glibc's LD_DEBUG=bindings): every one that a
+    library other than libstdc++ takes, and the stream members that libstdc++ serves."""
     with tempfile.TemporaryDirectory() as d:
         env = {"LD_DEBUG": "bindings", "LD_DEBUG_OUTPUT": f"{d}/ld"}
         run([sys.executable, "-c", CALL, so, "number"], env=env)
-        seen = set()
+        found = {}
         for f in os.listdir(d):
             for ln in open(os.path.join(d, f), errors="replace"):
-                ours = "errprobe.so" in ln.split(" to ")[0]
-                if ours and re.search(r"St7__cxx11|_ZNSo|locale|ios_base", ln):
-                    m = re.search(r"to (\S+).*symbol `([^']+)'", ln)
-                    if m and m.group(2) not in seen:
-                        seen.add(m.group(2))
-                        print(f"  {m.group(2)}  ->  {m.group(1)}")
-        if not seen:
-            print("  (no binding lines: LD_DEBUG unsupported here)")
+                m = re.search(r"binding file (\S+) .*to (\S+) .*symbol `(_ZN?K?R?S[to][^']*)'", ln)
+                if m and m.group(1) == so and m.group(2) != so:
+                    found[m.group(3)] = os.path.basename(m.group(2))
+    if not found:
+        print("  (no binding lines: LD_DEBUG unsupported here)")
+    names = sorted(n for n, lib in found.items() if "libstdc++" not in lib or STREAM_SYMBOLS.match(n))
+    plain = run(["c++filt", *names]).stdout.splitlines() if shutil.which("c++filt") else names
+    for name, shown in zip(names, plain or names, strict=False):
+        print(f"  {found[name]:24s} {shown[:150]}")
 
 
 def backtrace(so: str) -> None:
