@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU host: build the extension once, then run the named steps, logging under $OUT.
 #   bash benchmarks/gpu_host.sh build test bench-ops ...
-# Steps: build | test (all tests marked cuda) | test-all | any other name = a command in STEPS below.
+# Steps: build | test (the CUDA suite, nothing deselected) | sanitize (compute-sanitizer) | test-all |
+# any other name = a command in STEPS below. test and sanitize are benchmarks/gpu_checks.py's steps:
+# each rewrites benchmarks/results/gpu_checks.md and .json (copied into $OUT) from all results so far.
 # Peer steps (crosscheck, benchmarks.run) need `source benchmarks/peers/activate.sh` first, with
 # .peers/spconv_site.tar.xz, .peers/wcn_built and .peers/ts_built carried.
 set -uo pipefail
@@ -9,9 +11,8 @@ OUT=${OUT:-/tmp/relconv-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
 declare -A STEPS=(
-  # The deselected tests check argument errors whose messages format a number: on the GPU host any
-  # C++ extension built against its torch segfaults there (tests/gpu_host/check_extension_errors.py).
-  [test]="python -m pytest -q -m cuda tests -p no:cacheprovider --deselect tests/voxel/test_table_order.py::test_order_shape_and_dtype_are_checked --deselect tests/ops/test_transposed_table_args.py --deselect tests/ops/test_padded_pairs_cuda.py::test_table_pairs_checks_its_argument"
+  [test]="python -m benchmarks.gpu_checks suite summary"
+  [sanitize]="python -m benchmarks.gpu_checks sanitize summary"
   [test-all]="python -m pytest -q tests -p no:cacheprovider"
   [bench-ops]="python -m benchmarks.ops.bench_relational_conv --device cuda --out $OUT/ops"
   [bench-voxel]="python -m benchmarks.voxel.bench_layers --device cuda --out $OUT/voxel"

@@ -1,24 +1,34 @@
-"""Shared test configuration: the device axis, the CUDA skip and the global-switch helpers."""
+"""Shared test configuration: the device axis, the CUDA skip and the global-switch helpers.
+
+A GPU test says so in one way only: the `cuda` marker (on the test, its module's `pytestmark`, or the
+`pytest.param` of its CUDA case; `DEVICES` carries it for device-parametrised tests). Marked tests
+are skipped here where no GPU exists, and `pytest -m cuda` selects exactly them on the GPU host."""
 
 import contextlib
 
 import pytest
 import torch
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Every device-parametrised test runs on CPU everywhere and on CUDA where a GPU exists.
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 
-# Every device-parametrised test runs on CPU everywhere and on CUDA where a GPU exists; the CUDA
-# case carries the `cuda` marker so `pytest -m cuda` selects exactly the GPU tests on the GPU host.
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
-]
+
+def _cuda_case(item) -> bool:
+    """Whether a parametrised test's case hands it a CUDA device."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, (str, torch.device)) and str(v).startswith("cuda") for v in params.values())
 
 
 def pytest_collection_modifyitems(config, items):
+    unmarked = [item.nodeid for item in items if _cuda_case(item) and not item.get_closest_marker("cuda")]
+    if unmarked:
+        raise pytest.UsageError("CUDA cases without the `cuda` marker: " + ", ".join(unmarked))
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "cuda" in item.keywords and not item.get_closest_marker("cuda"):
-            item.add_marker(pytest.mark.cuda)
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from tests.conftest import DEVICES
 
 ERRORS = (ValueError, TypeError)
 # Mismatched devices need a second real device: the GPU tests pair cuda with cpu.
-CUDA_ONLY = [pytest.param("cuda", id="cuda", marks=DEVICES[1].marks)]
+CUDA_ONLY = [pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 
 
 def _raises_naming(name: str, fn) -> None:

@@ -1,11 +1,11 @@
 """What the voxel suite needs from a peer: one `VoxelPeer` per adapter module, which the suite iterates.
 
 Each benchmarks/peers/<peer>.py ends with `PEER = VoxelPeer(...)`; benchmarks/voxel_suite.py lists
-those and never names a peer's API. A case function receives the suite's set-up object of the case
+those and never names a peer's API. A case function receives the set-up object of the case
 (relconv's side, built first: spec, scene, device, weights and inputs; see `LayerSetup` and
-`E2ESetup` in voxel_suite.py) and returns the peer's `Prepared`, or raises `Unsupported` with the
-reason. The peer's own sparse tensor, layers, weight layout, map-caching idiom and notes all stay
-in its module.
+`E2ESetup` in benchmarks/harness/voxel_setup.py) and returns the peer's `Prepared`, or raises
+`Unsupported` with the reason. The peer's own sparse tensor, layers, weight layout, map-caching
+idiom and notes all stay in its module.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from benchmarks.harness.bench import Prepared
-    from benchmarks.voxel_suite import E2ESetup, LayerSetup
+    from benchmarks.harness.voxel_setup import E2ESetup, LayerSetup
 
 
 @dataclass(frozen=True)

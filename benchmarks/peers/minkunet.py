@@ -18,7 +18,7 @@ from relconv.voxel.models.minkunet import BASE_CHANNELS
 
 if TYPE_CHECKING:
     from benchmarks.harness.bench import Prepared
-    from benchmarks.voxel_suite import E2ESetup
+    from benchmarks.harness.voxel_setup import E2ESetup
 
 
 class Backend:

@@ -24,7 +24,7 @@ from benchmarks.peers.layouts import to_spconv
 from benchmarks.peers.minkunet import Backend, skeleton_case
 
 if TYPE_CHECKING:
-    from benchmarks.voxel_suite import E2ESetup, LayerSetup
+    from benchmarks.harness.voxel_setup import E2ESetup, LayerSetup
 
 # Seen on the GPU host with spconv-cu126 2.3.8: bf16 features raise KeyError in its implicit-GEMM
 # dispatch, and a bf16 training step afterwards killed the process (segfault), so bf16 is never

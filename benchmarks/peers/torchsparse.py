@@ -41,7 +41,7 @@ from benchmarks.peers.base import VoxelPeer
 from benchmarks.peers.layouts import to_torchsparse
 
 if TYPE_CHECKING:
-    from benchmarks.voxel_suite import E2ESetup, LayerSetup
+    from benchmarks.harness.voxel_setup import E2ESetup, LayerSetup
 
 GRID_MULTIPLE = 16
 EXACT_FP32_NOTE = "fp32 exact: torchsparse.backends.allow_tf32 = False (its default runs fp32 as TF32)"

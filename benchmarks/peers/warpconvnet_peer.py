@@ -23,7 +23,7 @@ from benchmarks.peers.layouts import to_warpconvnet
 from benchmarks.peers.minkunet import Backend, skeleton_case
 
 if TYPE_CHECKING:
-    from benchmarks.voxel_suite import E2ESetup, LayerSetup
+    from benchmarks.harness.voxel_setup import E2ESetup, LayerSetup
 
 
 def available() -> tuple[bool, str]:

@@ -90,7 +90,6 @@ def test_transpose_of_an_injective_map_is_injective_and_shares_tables(device, bu
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_transposed_table_order_from_the_second_use_on():
     m = RelationalMap.from_neighbor_table(_injective_table().cuda(), 5, injective=True)
     assert m.transposed_table_order() is None

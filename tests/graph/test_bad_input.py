@@ -118,7 +118,6 @@ def test_bad_edge_weight(graph):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_mismatched_devices(graph):
     x, ei, et = graph
     layer = rg.RGCNConv(6, 6, 4)

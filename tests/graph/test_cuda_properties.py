@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import relconv.graph as rg
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.cuda
 
 EXAMPLES = int(os.environ.get("RELCONV_PROPERTY_EXAMPLES", "25"))
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 8e-2}

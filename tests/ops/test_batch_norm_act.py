@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from relconv.ops import batch_norm_act
-from tests.conftest import no_host_sync, requires_cuda
+from tests.conftest import DEVICES, no_host_sync
 
 OP = torch.ops.relconv.batch_norm_act.default
 
@@ -101,7 +101,7 @@ def test_cpu_matches_torch(fn, dtype, training, relu):
     ("device", "n", "c", "offset"),
     [
         pytest.param("cpu", 9, 3, 0.5, id="cpu"),
-        pytest.param("cuda", 13, 5, 0.3, id="cuda", marks=[pytest.mark.cuda, requires_cuda]),
+        pytest.param("cuda", 13, 5, 0.3, id="cuda", marks=pytest.mark.cuda),
     ],
 )
 def test_op_gradcheck(device, n, c, offset, training, relu):
@@ -242,7 +242,6 @@ def counted_wrapper(x, w, b, rm, rv, training, counter):
 
 
 COUNTED = [counted_op, counted_wrapper]
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -269,7 +268,6 @@ def test_bad_num_batches_tracked(fn, counter):
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("fn", COUNTED, ids=["op", "wrapper"])
 def test_num_batches_tracked_on_another_device(fn):
     x, w, b, rm, rv = make_inputs(6, 3, torch.float32, "cpu")
@@ -314,7 +312,6 @@ CUDA_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("relu", [False, True])
@@ -326,7 +323,6 @@ def test_cuda_matches_torch(n, c, dtype, training, relu):
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_half_parameters(dtype):
     """Parameters and running statistics in x's half dtype (a .half() model)."""
@@ -340,7 +336,6 @@ def test_cuda_half_parameters(dtype):
 
 
 @pytest.mark.cuda
-@requires_cuda
 def test_cuda_unaligned_and_noncontiguous():
     """Rows not 16-byte aligned take the scalar path; a non-contiguous x is made contiguous."""
     x, w, b, rm, rv = make_inputs(401, 33, torch.float32, "cuda")
@@ -363,7 +358,6 @@ def test_cuda_unaligned_and_noncontiguous():
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("n", [0, 1])
 def test_cuda_tiny_batches(n):
     x, w, b, rm, rv = make_inputs(n, 8, torch.float32, "cuda")
@@ -382,7 +376,6 @@ def test_cuda_tiny_batches(n):
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cuda_bitwise_reproducible(dtype):
     def run():
@@ -397,19 +390,21 @@ def test_cuda_bitwise_reproducible(dtype):
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("training", [True, False])
 def test_cuda_no_host_sync(training):
     x, w, b, rm, rv = make_inputs(5000, 32, torch.float16, "cuda")
+    ref, _, _ = reference(x, w, b, rm, rv, training, relu=True)
     x, w, b = (t.requires_grad_() for t in (x, w, b))
     grad = torch.randn(5000, 32, device="cuda", dtype=torch.float16)
     with no_host_sync():
         out = batch_norm_act(x, w, b, rm, rv, training, relu=True)
         out.backward(grad)
+    rtol, atol = TOL[torch.float16]
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol)
+    assert all(t.grad is not None and t.grad.isfinite().all() for t in (x, w, b))
 
 
 @pytest.mark.cuda
-@requires_cuda
 def test_cuda_autocast_runs_in_x_dtype():
     """As torch's BatchNorm under autocast: x's dtype in, x's dtype out, float32 parameters."""
     for dtype in (torch.float32, torch.float16):
@@ -422,7 +417,6 @@ def test_cuda_autocast_runs_in_x_dtype():
 
 
 @pytest.mark.cuda
-@requires_cuda
 def test_cuda_opcheck():
     x, w, b, rm, rv = make_inputs(64, 16, torch.float32, "cuda")
     x, w, b = (t.requires_grad_() for t in (x, w, b))
@@ -431,7 +425,6 @@ def test_cuda_opcheck():
 
 
 @pytest.mark.cuda
-@requires_cuda
 def test_cuda_streams_and_graph_capture():
     """The reduction tickets are kept per stream and cleared by the kernels themselves: calls that
     alternate between streams, and a CUDA graph captured and replayed, match eager calls bitwise."""
@@ -471,7 +464,6 @@ def test_cuda_streams_and_graph_capture():
 
 
 @pytest.mark.cuda
-@requires_cuda
 def test_cuda_bad_device():
     x, w, b, rm, rv = make_inputs(6, 3, torch.float32, "cuda")
     with pytest.raises(ValueError, match="weight must be on"):

@@ -9,7 +9,6 @@ from relconv import RelationalMap, relational_conv
 from relconv.ops import Dataflow
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import Conv3d, VoxelTensor, submanifold_map
-from tests.conftest import requires_cuda
 from tests.ops.maps import TOLERANCE, random_map, rel_error
 
 op = torch.ops.relconv.relational_conv.default
@@ -200,7 +199,6 @@ WIDTHS = [(8, 16, 1), (32, 32, 1), (64, 64, 1), (64, 128, 1), (24, 40, 1), (96, 
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("cin,cout,groups", WIDTHS)
 @pytest.mark.parametrize("relu", [False, True])
@@ -220,7 +218,6 @@ def test_cuda_table_epilogue_matches_unfused(dtype, cin, cout, groups, relu, use
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_cuda_table_rows_without_inputs_get_act_bias(dtype):
     """An all -1 table runs the kernel (the pair count is unknown) and writes relu(bias) everywhere;
@@ -237,7 +234,6 @@ def test_cuda_table_rows_without_inputs_get_act_bias(dtype):
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("relu", [False, True])
 def test_cuda_pair_path_epilogue_matches_unfused(dtype, relu):
@@ -253,7 +249,6 @@ def test_cuda_pair_path_epilogue_matches_unfused(dtype, relu):
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dataflow", [Dataflow.OUTPUT_STATIONARY, Dataflow.FETCH_ON_DEMAND])
 def test_cuda_gradients_of_x_weight_bias(dataflow):
     rmap = submanifold_map(_voxel_coords(), (3, 3, 3), (1, 1, 1), (1, 1, 1))
@@ -272,7 +267,6 @@ def test_cuda_gradients_of_x_weight_bias(dataflow):
 
 
 @pytest.mark.cuda
-@requires_cuda
 def test_cuda_bias_gradient_alone_keeps_pairs_unmaterialised():
     rmap = submanifold_map(_voxel_coords(), (3, 3, 3), (1, 1, 1), (1, 1, 1))
     had_pairs = rmap.has_pairs
@@ -297,7 +291,6 @@ def _cuda_kernels(fn):
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_cuda_cached_conv_bias_relu_is_one_kernel(dtype):
     coords = _voxel_coords(6000, 24)

@@ -7,7 +7,7 @@ from relconv import RelationalMap, relational_conv
 from relconv.ops import Dataflow
 from relconv.ops.dataflow import resolve_dataflow
 from relconv.ops.reference import relational_conv_reference
-from tests.conftest import allow_tf32, requires_cuda
+from tests.conftest import allow_tf32
 from tests.ops.maps import TOLERANCE, random_map, rel_error
 
 
@@ -82,7 +82,6 @@ def test_op_checks_the_choice_on_cpu_too():
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_every_dataflow_agrees_on_cuda(dtype):
     rmap = _voxel_like_map("cuda")
@@ -100,7 +99,6 @@ def test_every_dataflow_agrees_on_cuda(dtype):
 
 
 @pytest.mark.cuda
-@requires_cuda
 @pytest.mark.parametrize("cin, cout", [(16, 32), (64, 32), (32, 64)])
 def test_narrow_exact_fp32_layer_trains_like_the_reference(cin, cout):
     """AUTO runs a narrow exact fp32 forward over the table; an input gradient wider than

@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from relconv import relational_conv
-from tests.conftest import requires_cuda
 from tests.ops.maps import random_map
 
 CASES = [
     pytest.param("cpu", torch.bfloat16, id="cpu-bf16"),
-    pytest.param("cuda", torch.float16, id="cuda-fp16", marks=[pytest.mark.cuda, requires_cuda]),
-    pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=[pytest.mark.cuda, requires_cuda]),
+    pytest.param("cuda", torch.float16, id="cuda-fp16", marks=pytest.mark.cuda),
+    pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=pytest.mark.cuda),
 ]
 
 

@@ -13,11 +13,11 @@ import torch
 from relconv import RelationalMap
 from relconv.core.relational_map import pairs_from_table
 from relconv.ops.relational_conv import relational_conv, relational_conv_weight_grad
-from tests.conftest import no_host_sync, requires_cuda
+from tests.conftest import no_host_sync
 from tests.ops.maps import rel_error
 from tests.ops.test_table_backward import voxel_coords, voxel_map
 
-pytestmark = [pytest.mark.cuda, requires_cuda]
+pytestmark = pytest.mark.cuda
 
 
 def _random_table(rows, cols, dtype, fill=0.4, seed=0):

@@ -17,11 +17,10 @@ from relconv.ops import Dataflow
 from relconv.ops.reference import relational_conv_reference
 from relconv.ops.relational_conv import relational_conv
 from relconv.voxel import Conv3d, VoxelTensor, strided_map, submanifold_map
-from tests.conftest import requires_cuda
 from tests.ops.maps import TOLERANCE, rel_error
 from tests.ops.test_relational_conv_cuda import unique_slot_map
 
-pytestmark = [pytest.mark.cuda, requires_cuda]
+pytestmark = pytest.mark.cuda
 
 TABLE = Dataflow.OUTPUT_STATIONARY
 ONE = (1, 1, 1)

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from relconv import relational_conv_weight_grad
-from tests.conftest import allow_tf32, requires_cuda
+from tests.conftest import allow_tf32
 from tests.ops.maps import TOLERANCE, random_map, rel_error
 from tests.ops.test_tf32_cuda import TF32_TOLERANCE
 
-pytestmark = [pytest.mark.cuda, requires_cuda]
+pytestmark = pytest.mark.cuda
 
 
 @pytest.fixture(params=[False, True], ids=["atomic", "deterministic"])

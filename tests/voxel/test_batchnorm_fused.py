@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from relconv.voxel import BatchNorm, Conv3d, ReLU, Sequential, VoxelTensor
-from tests.conftest import requires_cuda
 
-pytestmark = [pytest.mark.cuda, requires_cuda]
+pytestmark = pytest.mark.cuda
 
 
 def _input(n=3000, c=16, dtype=torch.float32):

@@ -7,15 +7,15 @@ check the input and weight gradients against autograd through the dense referenc
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from voxel_markers import requires_cuda
 from voxel_refs import dense_conv, random_voxels
 
 from relconv.voxel import conv3d
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.cuda
 
 EXAMPLES = int(os.environ.get("RELCONV_PROPERTY_EXAMPLES", "25"))
 # Max error relative to the reference's magnitude; fp16/bf16 accumulate in float32.

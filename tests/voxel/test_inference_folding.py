@@ -4,7 +4,6 @@ layer-by-layer network, parameters and statistics followed, never in training or
 import pytest
 import torch
 from batchnorm_scenes import randomise_batchnorm, scan
-from voxel_markers import requires_cuda
 
 from relconv.voxel import BatchNorm, Conv3d, ReLU, Sequential, inference_folding
 from relconv.voxel.models import MinkUNet
@@ -100,7 +99,7 @@ def test_batchnorm_left_in_training_mode_is_not_folded():
 
 
 @pytest.mark.parametrize(
-    "device,dtype", [("cpu", torch.bfloat16), pytest.param("cuda", torch.float16, marks=requires_cuda)]
+    "device,dtype", [("cpu", torch.bfloat16), pytest.param("cuda", torch.float16, marks=pytest.mark.cuda)]
 )
 def test_folding_under_autocast_caches_the_autocast_dtype(device, dtype):
     torch.manual_seed(0)

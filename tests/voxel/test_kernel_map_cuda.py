@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from voxel_markers import requires_cuda
 
 from relconv.ops import relational_conv
 from relconv.voxel import Conv3d, VoxelTensor
@@ -10,7 +9,7 @@ from relconv.voxel import kernel_map as km
 from relconv.voxel.maps import layer_map
 from tests.conftest import no_host_sync
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.cuda
 
 
 def scene(n=2000, size=12, batch=2, stride=1, seed=0):

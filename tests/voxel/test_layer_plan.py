@@ -7,7 +7,6 @@ import pickle
 
 import pytest
 import torch
-from voxel_markers import requires_cuda
 from voxel_refs import random_voxels
 
 import relconv.voxel.conv as conv_module
@@ -170,8 +169,7 @@ def test_a_bias_that_needs_a_cast_is_prepared_every_call():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("channels", [16, 64])
-@requires_cuda[0]
-@requires_cuda[1]
+@pytest.mark.cuda
 def test_cuda_planned_training_steps_match_prepared_ones(dtype, channels, monkeypatch):
     x = _scene("cuda", dtype, channels)
     conv = Conv3d(channels, channels, 3, bias=True).to("cuda", dtype)
@@ -199,8 +197,7 @@ def test_cuda_planned_training_steps_match_prepared_ones(dtype, channels, monkey
     torch.testing.assert_close(conv.weight.grad, ref.weight.grad, rtol=2e-2, atol=2e-2)
 
 
-@requires_cuda[0]
-@requires_cuda[1]
+@pytest.mark.cuda
 def test_cuda_plan_steps_aside_under_autocast():
     x = _scene("cuda", torch.float32, 64)
     conv = Conv3d(64, 64, 3).cuda()
@@ -216,8 +213,7 @@ def test_cuda_plan_steps_aside_under_autocast():
     assert torch.equal(y.feats, ref.feats)
 
 
-@requires_cuda[0]
-@requires_cuda[1]
+@pytest.mark.cuda
 def test_cuda_plan_build_and_planned_calls_do_not_sync():
     """Marking, storing (with the schedules' sort) and running a plan queue work without a host sync."""
     x = _scene("cuda", torch.float16, 64)

@@ -9,14 +9,13 @@ GPUs the same tests cover the mma.sync kernel that takes these shapes there."""
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
-from voxel_markers import requires_cuda
 from voxel_refs import random_voxels
 
 from relconv.ops import relational_conv
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import submanifold_map
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.cuda
 
 _conv = torch.ops.relconv.relational_conv.default
 TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}

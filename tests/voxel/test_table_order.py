@@ -6,7 +6,6 @@ import importlib
 
 import pytest
 import torch
-from voxel_markers import requires_cuda
 from voxel_refs import random_voxels
 
 from relconv.ops import Dataflow, relational_conv
@@ -14,7 +13,7 @@ from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import submanifold_map, voxelize
 from relconv.voxel.synthetic import raycast_scan
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.cuda
 
 _conv = torch.ops.relconv.relational_conv.default
 _order = torch.ops.relconv.neighbor_table_order.default
@@ -191,17 +190,23 @@ def test_a_map_is_sorted_once_its_layers_work_adds_up(monkeypatch):
 
 
 def test_order_out_of_range_entries_are_skipped_not_written():
-    """A malformed order must never write outside the output (entries out of range are skipped)."""
+    """A malformed order never writes outside the output: its entries out of range are skipped and
+    every row it lists in range comes out as under the valid order (an out-of-bounds write would
+    surface at the synchronize, and under compute-sanitizer)."""
     rmap = _map()
     x = torch.randn(rmap.num_in, 16, device="cuda", dtype=torch.float16)
     w = torch.randn(27, 1, 16, 16, device="cuda", dtype=torch.float16)
-    table = rmap.neighbor_table()
-    bad = torch.full((rmap.num_out,), 1 << 30, dtype=table.dtype, device="cuda")
-    bad[0] = -5
+    table, order = rmap.neighbor_table(), rmap.table_order()
+    bad = order.clone()
+    bad[0], bad[rmap.num_out // 2], bad[-1] = -5, 1 << 30, rmap.num_out
     none = torch.empty(0, dtype=table.dtype, device="cuda")
     ptr = torch.empty(0, dtype=torch.int64, device="cuda")
-    _conv(x, w, none, none, ptr, None, rmap.num_out, table, bad)
-    torch.cuda.synchronize()  # an out-of-bounds write would surface here (and under compute-sanitizer)
+    ref = _conv(x, w, none, none, ptr, None, rmap.num_out, table, order)
+    out = _conv(x, w, none, none, ptr, None, rmap.num_out, table, bad)
+    torch.cuda.synchronize()
+    listed = bad[(bad >= 0) & (bad < rmap.num_out)].long()
+    assert listed.numel() == rmap.num_out - 3
+    assert torch.equal(out[listed], ref[listed])
 
 
 def test_order_shape_and_dtype_are_checked():

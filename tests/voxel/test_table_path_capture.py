@@ -3,14 +3,13 @@ torch.compile(fullgraph=True) and sync-debug mode: a forward over a cached map n
 
 import pytest
 import torch
-from voxel_markers import requires_cuda
 from voxel_refs import random_voxels
 
 from relconv.ops import Dataflow, relational_conv, resolve_dataflow
 from relconv.voxel import Conv3d, submanifold_map
 from tests.conftest import no_host_sync
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.cuda
 
 HALF = [torch.float16, torch.bfloat16]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

@@ -6,14 +6,13 @@ CUDA (deterministic either way), so strided maps and outputs are compared by coo
 
 import pytest
 import torch
-from voxel_markers import requires_cuda
 from voxel_refs import as_triples, random_voxels
 
 from relconv.voxel import conv3d, generative_map, strided_map, submanifold_map, voxelize
 from relconv.voxel.models import MinkUNet
 from relconv.voxel.synthetic import raycast_scan
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.cuda
 
 
 def test_voxelize_parity():

@@ -3,7 +3,6 @@
 import pytest
 import torch
 from batchnorm_scenes import randomise_batchnorm, scan
-from voxel_markers import requires_cuda
 
 from relconv.voxel import (
     BatchNorm,
@@ -37,7 +36,7 @@ def test_fused_model_equals_eval_model(make):
     "device,dtype,tol",
     [
         pytest.param("cpu", torch.float32, 1e-5, id="cpu-fp32"),
-        pytest.param("cuda", torch.float16, 5e-3, id="cuda-fp16", marks=requires_cuda),
+        pytest.param("cuda", torch.float16, 5e-3, id="cuda-fp16", marks=pytest.mark.cuda),
     ],
 )
 def test_fused_minkunet_matches_eval_model_in_low_precision(device, dtype, tol):
