@@ -33,11 +33,6 @@ from benchmarks.harness.timing import TimingConfig, measure
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
-def _scene(backbone: bb.Backbone, tiny: bool) -> scenes.Voxels:
-    clouds = scenes.tiny_scans() if tiny else scenes.scans()
-    return scenes.kitti_voxels(clouds) if backbone.scene == "kitti" else scenes.fine_voxels(clouds)
-
-
 def _precision(family: str) -> None:
     """fp32 means fp32 on every side: no TF32 in torch, relconv or TorchSparse (whose default is on)."""
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -183,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtypes", default="fp32,fp16")
     p.add_argument("--tiny", action="store_true", help="two small 8-beam scans instead of four 64-beam ones")
+    p.add_argument("--scene-cache", type=Path, help="folder the voxelized scans are kept in between children")
     p.add_argument("--runs", type=int, default=TimingConfig.runs)
     p.add_argument("--queued-blocks", type=int, default=3)
     p.add_argument("--warmup-runs", type=int, default=TimingConfig.warmup_runs)
@@ -192,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--dtypes must name some of {sorted(DTYPES)}, got {a.dtypes!r}")
     backbone = bb.BACKBONES[a.backbone]
     try:
-        side = Side(backbone, a.library, a.downstream, _scene(backbone, a.tiny), torch.device(a.device))
+        voxels = scenes.load(backbone.scene, a.tiny, a.scene_cache)
+        side = Side(backbone, a.library, a.downstream, voxels, torch.device(a.device))
         if a.mode == "parity":
             parity(side, dtypes, a.state, a.out)
         else:

@@ -98,6 +98,7 @@ def compare_run(ref: dict, cand: dict, dtype: str) -> dict:
 def run_backbone(name: str, args, work: Path) -> dict:
     common = ["--downstream", str(args.downstream), "--device", args.device, "--dtypes", args.dtypes]
     common += ["--tiny"] if args.tiny else []
+    common += ["--scene-cache", str(work / "scenes")]
     ref_file = work / f"{name}-{args.reference}.pt"
     report: dict = {"backbone": name, "reference": args.reference, "candidates": {}}
     err = run_child(["parity", name, args.reference, str(ref_file), *common], args.timeout)
@@ -106,6 +107,8 @@ def run_backbone(name: str, args, work: Path) -> dict:
         return report
     ref = torch.load(ref_file)
     report["reference_library"] = ref["library"]
+    first = next(iter(ref["dtypes"].values()))["train"]["outputs"]
+    report["reference_rows"] = {k: int(c.shape[0]) for k, (c, _) in first.items()}
     state_file = work / f"{name}-state.pt"
     torch.save(ref["state"], state_file)
     for cand in args.candidates:
@@ -189,7 +192,8 @@ def markdown(reports: list[dict]) -> str:
             for dtype, phases in c["dtypes"].items():
                 lines += [_row_cells(r["backbone"], cand, dtype, phase, row) for phase, row in phases.items()]
     refs = "; ".join(f"{r['backbone']}: {r.get('reference_library', '?')}" for r in reports)
-    return "\n".join([*lines, "", "Reference libraries: " + refs]) + "\n"
+    rows = [f"- {r['backbone']}: {r['reference_rows']}" for r in reports if "reference_rows" in r]
+    return "\n".join([*lines, "", "Reference libraries: " + refs, "", "Reference output rows:", *rows]) + "\n"
 
 
 def parse(argv=None):

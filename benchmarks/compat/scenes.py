@@ -12,7 +12,8 @@ rows in the same order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,3 +75,20 @@ def fine_voxels(clouds) -> Voxels:
     coords[:, 1:] -= shift
     grid = tuple(int(v) + 1 for v in coords[:, 1:].max(0).values)
     return Voxels(coords, feats, len(clouds), grid)
+
+
+def load(kind: str, tiny: bool, cache: Path | None = None) -> Voxels:
+    """The `kind` ("kitti" or "fine") voxels of the four scans (or of `tiny_scans`), kept in `cache`
+    when given: every child process of one harness run then reads the same file instead of
+    ray-casting and voxelizing again."""
+    if kind not in ("kitti", "fine"):
+        raise ValueError(f"kind must be 'kitti' or 'fine', got {kind!r}")
+    file = cache / f"{kind}{'-tiny' if tiny else ''}.pt" if cache is not None else None
+    if file is not None and file.is_file():
+        return Voxels(**torch.load(file))
+    clouds = tiny_scans() if tiny else scans()
+    voxels = kitti_voxels(clouds) if kind == "kitti" else fine_voxels(clouds)
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(asdict(voxels), file)
+    return voxels
