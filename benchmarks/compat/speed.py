@@ -125,17 +125,23 @@ def parse(argv=None):
     )
     args = p.parse_args(argv)
     if args.dry_run:
-        args.device, args.tiny, args.dtypes, args.libraries, args.runs = "cpu", True, "fp32", "shim,native", 3
-        args.queued_blocks, args.warmup_runs = 1, 1
+        args.device, args.tiny, args.dtypes, args.libraries = "cpu", True, "fp32", "shim,native"
+        args.runs, args.queued_blocks, args.warmup_runs = 3, 1, 1
     args.libraries = [x for x in args.libraries.split(",") if x]
     args.backbones = [b for b in args.backbones.split(",") if b]
-    bad = [b for b in args.backbones if b not in bb.BACKBONES] + [
-        x for x in args.libraries if x not in bb.LIBRARIES
-    ]
+    bad = [b for b in args.backbones if b not in bb.BACKBONES]
+    bad += [x for x in args.libraries if x not in bb.LIBRARIES]
     if bad:
         p.error(f"unknown backbones or libraries {bad}; known: {sorted(bb.BACKBONES)}, {bb.LIBRARIES}")
     args.downstream = args.downstream.resolve()
     return args
+
+
+def _child_args(name: str, library: str, out: Path, work: Path, args) -> list[str]:
+    cmd = ["speed", name, library, str(out), "--downstream", str(args.downstream), "--device", args.device]
+    cmd += ["--dtypes", args.dtypes, "--runs", str(args.runs), "--queued-blocks", str(args.queued_blocks)]
+    cmd += ["--warmup-runs", str(args.warmup_runs), "--scene-cache", str(work / "scenes")]
+    return cmd + (["--tiny"] if args.tiny else [])
 
 
 def main(argv=None) -> int:
@@ -148,29 +154,14 @@ def main(argv=None) -> int:
                 if library == "native" and name not in native.TWINS:
                     continue
                 out = Path(tmp) / f"{name}-{library}.json"
-                cmd = ["speed", name, library, str(out), "--downstream", str(args.downstream)]
-                cmd += ["--device", args.device, "--dtypes", args.dtypes, "--runs", str(args.runs)]
-                cmd += [
-                    "--queued-blocks",
-                    str(args.queued_blocks),
-                    "--warmup-runs",
-                    str(args.warmup_runs),
-                ] + (["--tiny"] if args.tiny else [])
-                err = run_child(cmd, args.timeout)
-                result = (
-                    {"backbone": name, "library_kind": library, "error": err}
-                    if err
-                    else json.loads(out.read_text())
-                )
+                err = run_child(_child_args(name, library, out, Path(tmp), args), args.timeout)
+                result = {"backbone": name, "error": err} if err else json.loads(out.read_text())
                 result["library_kind"] = library
                 results.append(result)
-                (args.out / "speed.json").write_text(
-                    json.dumps({"results": results, "summary": summarise(results)}, indent=1)
-                )
+                summary = {"results": results, "summary": summarise(results)}
+                (args.out / "speed.json").write_text(json.dumps(summary, indent=1))
                 (args.out / "speed.md").write_text(markdown(results))
-                print(
-                    f"{name} / {library}: {'error: ' + err.splitlines()[-1] if err else 'done'}", flush=True
-                )
+                print(f"{name} / {library}:", "error: " + err.splitlines()[-1] if err else "done", flush=True)
     print(markdown(results))
     return 0
 
