@@ -23,10 +23,12 @@ i_a is the per-axis kernel index (offset + (k_a - 1) // 2 for odd sizes, the off
 Transposed / inverse convolutions use the same layout as the strided convolution whose map they
 reuse, in every library, so they convert the same way. MinkowskiEngine 0.5's `kernel_region.hpp`
 decomposes a HYPER_CUBE kernel index with the first spatial axis fastest and places even sizes at
-0 .. k-1 times dilation * tensor stride from the output coordinate, odd sizes centred on it; its
-HYPER_CROSS and custom-offset regions, channel-wise convolutions and dimensions other than 3 have no
-relconv counterpart and raise `NotImplementedError`, as do spconv's 2-D convs, grouped relconv
-weights and spconv's legacy `SPCONV_SAVED_WEIGHT_LAYOUT` (RSKC / RSCK) weights.
+0 .. k-1 times dilation * tensor stride from the output coordinate, odd sizes centred on it. Its
+HYPER_CROSS and custom-offset regions have no relconv counterpart (`region_type` other than
+HYPER_CUBE raises `NotImplementedError`; their kernels also fail the kernel-size check), nor do its
+channel-wise convolutions ([K, C] kernels: a shape error), other dimensions than 3, spconv's 2-D
+convs, grouped relconv weights and spconv's legacy `SPCONV_SAVED_WEIGHT_LAYOUT` (RSKC / RSCK)
+weights.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def convert_weight(
     dst: str,
     kernel_size: int | Sequence[int],
     stride: int | Sequence[int] = 1,
+    region_type: object = "HYPER_CUBE",
 ) -> Tensor:
     """One convolution weight from layout `src` to layout `dst` (see the module docstring).
 
@@ -140,12 +143,20 @@ def convert_weight(
         kernel_size: int or 3 ints, the conv's kernel size in coordinate-column order.
         stride: the conv's stride; only decides the shape of a 1x1x1 TorchSparse or MinkowskiEngine
             kernel ([C_in, C_out] at stride 1, [1, C_in, C_out] otherwise).
+        region_type: MinkowskiEngine's kernel region (a name or its `RegionType` member); only
+            HYPER_CUBE, its default, converts.
     Returns:
         A new contiguous tensor (never a view of `weight`), same dtype and device.
     """
     if not isinstance(weight, Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     src, dst = _layout(src, "src"), _layout(dst, "dst")
+    region = str(getattr(region_type, "name", region_type)).rsplit(".", 1)[-1].upper()
+    if region != "HYPER_CUBE":
+        raise NotImplementedError(
+            f"region_type {region_type!r}: only MinkowskiEngine's HYPER_CUBE kernels have a relconv "
+            "counterpart (HYPER_CROSS and custom offsets are not a box of offsets)"
+        )
     ks, st = _size3(kernel_size, "kernel_size"), _size3(stride, "stride")
     return _from_canonical(_to_canonical(weight, src, ks), dst, ks, st).clone()
 

@@ -206,6 +206,18 @@ def test_every_direction_keeps_each_offsets_matrix(src, dst, ks, stride):
     assert torch.equal(convert_weight(v, dst, src, ks, stride), w)
 
 
+def test_region_type_accepts_minkowski_enum_members():
+    class RegionType:  # stands in for MinkowskiEngine's enum: a member with a name
+        name = "HYPER_CUBE"
+
+    w = _random("minkowski", (3, 3, 3))
+    assert torch.equal(
+        convert_weight(w, "minkowski", "relconv", 3, region_type=RegionType()),
+        convert_weight(w, "minkowski", "relconv", 3),
+    )
+    assert convert_weight(w, "minkowski", "relconv", 3, region_type="RegionType.HYPER_CUBE").shape == w.shape
+
+
 def test_converted_weight_is_a_new_tensor():
     w = _random("relconv", (3, 3, 3))
     v = convert_weight(w, "relconv", "warpconvnet", 3)
@@ -347,6 +359,13 @@ def test_kernel_sizes_of_lists_conv_modules_only():
         ((torch.randn(27, 2, 3), "relconv", "spconv", True), {}, TypeError, "kernel_size must be an int"),
         ((torch.randn(27, 2, 3), "relconv", "spconv", "3"), {}, TypeError, "kernel_size must be an int"),
         ((torch.randn(27, 2, 3), "relconv", "spconv", 3), {"stride": (1, 2)}, NotImplementedError, "stride"),
+        (
+            (torch.randn(7, 2, 3), "minkowski", "relconv", 3),
+            {"region_type": "HYPER_CROSS"},
+            NotImplementedError,
+            "HYPER_CUBE",
+        ),
+        ((torch.randn(27, 4), "minkowski", "relconv", 3), {}, ValueError, "is a 1x1x1 conv"),
     ],
 )
 def test_convert_weight_bad_arguments(args, kwargs, error, match):
