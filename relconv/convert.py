@@ -1,14 +1,13 @@
 """Convolution weight converters between relconv and the other sparse-convolution libraries.
 
-Every layout stores, per kernel offset, a `[C_in, C_out]` (or `[C_out, C_in]`) matrix; they differ in
-where the offsets sit and in the order they are flattened. "Axis a" below is coordinate column a + 1
-of the library's index tensor (column 0 is the batch): relconv's (x, y, z), spconv's columns 1..3
-(OpenPCDet fills them with (z, y, x); the converter keeps columns, it never reorders axes). Per axis
-an odd size k covers the centred offsets -(k-1)/2 .. (k-1)/2 and an even size 0 .. k-1 in every
-layout here (spconv through its usual `padding = (k-1)/2` for odd and 0 for even strided kernels).
+Every layout stores, per kernel index, a `[C_in, C_out]` (or `[C_out, C_in]`) matrix; they differ in
+the order the indices are flattened. The converters re-index: the matrix at per-axis kernel index
+(i0, i1, i2) in `src` lands at the same index in `dst`. "Axis a" is coordinate column a + 1 of the
+library's index tensor (column 0 is the batch): relconv's (x, y, z), spconv's columns 1..3
+(OpenPCDet fills them with (z, y, x)); the converters keep columns and never reorder axes.
 
 =============  ==================================  =================================================
-layout         conv weight                         offset order
+layout         conv weight                         index order
 =============  ==================================  =================================================
 relconv        `Conv3d.weight` [K, C_in, C_out]    k = (i0 * k1 + i1) * k2 + i2 (axis 0 slowest)
 warpconvnet    `weight` [K, C_in, C_out]           relconv's (a meshgrid with "ij" indexing)
@@ -19,16 +18,29 @@ minkowski      `kernel` [K, C_in, C_out]           k = (i2 * k1 + i1) * k0 + i0 
                ([C_in, C_out] for 1x1x1 stride 1)  (RegionType.HYPER_CUBE)
 =============  ==================================  =================================================
 
-i_a is the per-axis kernel index (offset + (k_a - 1) // 2 for odd sizes, the offset for even ones).
 Transposed / inverse convolutions use the same layout as the strided convolution whose map they
-reuse, in every library, so they convert the same way. MinkowskiEngine 0.5's `kernel_region.hpp`
-decomposes a HYPER_CUBE kernel index with the first spatial axis fastest and places even sizes at
-0 .. k-1 times dilation * tensor stride from the output coordinate, odd sizes centred on it. Its
-HYPER_CROSS and custom-offset regions have no relconv counterpart (`region_type` other than
-HYPER_CUBE raises `NotImplementedError`; their kernels also fail the kernel-size check), nor do its
-channel-wise convolutions ([K, C] kernels: a shape error), other dimensions than 3, spconv's 2-D
-convs, grouped relconv weights and spconv's legacy `SPCONV_SAVED_WEIGHT_LAYOUT` (RSKC / RSCK)
-weights.
+reuse, in every library, so they convert the same way.
+
+Where each library's layer reads kernel index i on an axis of size k (offset from the output site,
+in units of dilation * tensor stride), and so when a converted relconv native `Conv3d` of the same
+kernel size and stride computes the same feature at every output site the two layers share:
+
+* relconv, WarpConvNet, MinkowskiEngine 0.5 (`kernel_region.hpp`, HYPER_CUBE): i - (k-1)/2 for odd
+  k, i for even k; always the same.
+* spconv 2.x: i - padding (regular and inverse convs); submanifold convs (odd kernels) centre it.
+  The same where padding is (k-1)/2 on odd axes and 0 on even ones (OpenPCDet's and Pointcept's
+  layers), though a strided spconv layer outputs more sites than relconv's native one.
+* TorchSparse 2.1 (default map builder): at stride 1, i - (k-1)/2 on every axis when the kernel
+  volume is odd, i on every axis when it is even; strided convs read i - padding (padding 0 by
+  default). The same except for even-volume kernels with an odd axis longer than 1 (a (3, 1, 2)
+  kernel) and strided kernels larger than their stride at padding 0 (3^3 stride 2), which
+  `relconv.torchsparse` runs with TorchSparse's geometry.
+
+MinkowskiEngine's HYPER_CROSS and custom-offset regions have no relconv counterpart (`region_type`
+other than HYPER_CUBE raises `NotImplementedError`; their kernels also fail the kernel-size check),
+nor do its channel-wise convolutions ([K, C] kernels: a shape error), other dimensions than 3,
+spconv's 2-D convs, grouped relconv weights and spconv's legacy `SPCONV_SAVED_WEIGHT_LAYOUT`
+(RSKC / RSCK) weights.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """relconv.convert: every layout against an independent reading of its definition.
 
-Each layout gets its own reference here (`ENTRIES`): the list of (offset, [C_in, C_out] matrix) it
-means, written from the layout's definition with explicit loops, never through the converter. A dense
-`conv3d` built from those entries is the ground truth a relconv `Conv3d` loaded with converted
-weights must match.
+Each layout gets its own reference here, written with explicit loops, never through the converter:
+`ENTRIES` lists the (per-axis kernel index, [C_in, C_out] matrix) pairs a weight holds, in the
+layout's order, and `LOWS` the offset at which the library's layer reads kernel index 0 per axis
+(offset = index + low). A dense `conv3d` built from both is the ground truth a relconv `Conv3d`
+loaded with converted weights must match wherever the library reads every index at relconv's
+offset; where it does not (TorchSparse's even-volume kernels with an odd axis, its strided convs
+at padding 0), the converted native layer is shown to differ, as relconv.convert documents.
 """
 
 from __future__ import annotations
@@ -21,9 +24,37 @@ from relconv.voxel import Conv3d, Sequential, VoxelTensor
 DT = torch.float64
 
 
-def _off(i: int, k: int) -> int:
-    """Per-axis offset of kernel index i: odd sizes centred, even sizes 0 .. k-1."""
-    return i - k // 2 if k % 2 else i
+def _native_lows(ks, stride):
+    """relconv, WarpConvNet, MinkowskiEngine (kernel_region.hpp): odd sizes centred, even from 0."""
+    return tuple(-(k // 2) if k % 2 else 0 for k in ks)
+
+
+def _spconv_lows(ks, stride):
+    """i = o * s - padding + index: submanifold (odd kernels) centred; strided with the usual
+    padding (k - 1) / 2 for odd sizes and 0 for even ones."""
+    return tuple(-(k // 2) if k % 2 else 0 for k in ks)
+
+
+def _torchsparse_lows(ks, stride):
+    """TorchSparse 2.1's default map builder: at stride 1 every axis centred for an odd kernel
+    volume and from 0 for an even one; strided convs read o * s - padding + index (padding 0)."""
+    if stride == 1 and math.prod(ks) % 2:
+        return tuple(-(k // 2) for k in ks)
+    return (0, 0, 0)
+
+
+LOWS = {
+    "relconv": _native_lows,
+    "warpconvnet": _native_lows,
+    "minkowski": _native_lows,
+    "spconv": _spconv_lows,
+    "torchsparse": _torchsparse_lows,
+}
+
+
+def _with_offsets(entries, layout, ks, stride):
+    lows = LOWS[layout](ks, stride)
+    return [(tuple(i + lo for i, lo in zip(idx, lows, strict=True)), m) for idx, m in entries]
 
 
 def _as_3d(w):
@@ -35,21 +66,20 @@ def _entries_relconv(w, ks, stride=1):
     for i0 in range(ks[0]):
         for i1 in range(ks[1]):
             for i2 in range(ks[2]):
-                out.append(((_off(i0, ks[0]), _off(i1, ks[1]), _off(i2, ks[2])), w[k]))
+                out.append(((i0, i1, i2), w[k]))
                 k += 1
     return out
 
 
 def _entries_warpconvnet(w, ks, stride=1):
-    axes = [torch.tensor([_off(i, k) for i in range(k)]) for k in ks]
+    axes = [torch.arange(k) for k in ks]
     grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
     return [(tuple(int(v) for v in grid[k]), w[k]) for k in range(grid.shape[0])]
 
 
 def _entries_spconv(w, ks, stride=1):
     return [
-        ((_off(i0, ks[0]), _off(i1, ks[1]), _off(i2, ks[2])), w[:, i0, i1, i2, :].T)
-        for i0, i1, i2 in itertools.product(*(range(k) for k in ks))
+        ((i0, i1, i2), w[:, i0, i1, i2, :].T) for i0, i1, i2 in itertools.product(*(range(k) for k in ks))
     ]
 
 
@@ -58,7 +88,7 @@ def _entries_axis0_fastest(w, ks):
     for i2 in range(ks[2]):
         for i1 in range(ks[1]):
             for i0 in range(ks[0]):
-                out.append(((_off(i0, ks[0]), _off(i1, ks[1]), _off(i2, ks[2])), w[k]))
+                out.append(((i0, i1, i2), w[k]))
                 k += 1
     return out
 
@@ -160,8 +190,9 @@ def _relconv_conv(weight, ks, stride, bias=None):
 CASES = [
     ((3, 3, 3), 1),
     ((3, 1, 1), 1),
-    ((3, 1, 2), 1),
     ((1, 3, 5), 1),
+    ((2, 1, 2), 1),
+    ((3, 1, 2), 1),
     ((2, 2, 2), 2),
     ((3, 3, 3), 2),
     ((1, 1, 1), 1),
@@ -169,33 +200,72 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("ks", "stride"), CASES)
+def _valid(layout, ks, stride):
+    # spconv's submanifold convs take odd kernels.
+    return not (layout == "spconv" and stride == 1 and any(k % 2 == 0 for k in ks))
+
+
+def _same_reading(layout, ks, stride):
+    return LOWS[layout](ks, stride) == _native_lows(ks, stride)
+
+
+SAME = [
+    (lay, ks, s) for lay in LAYOUTS for ks, s in CASES if _valid(lay, ks, s) and _same_reading(lay, ks, s)
+]
+OTHER = [
+    (lay, ks, s) for lay in LAYOUTS for ks, s in CASES if _valid(lay, ks, s) and not _same_reading(lay, ks, s)
+]
+
+
+def test_the_cases_cover_both_readings():
+    assert {lay for lay, _, _ in SAME} == set(LAYOUTS)
+    assert {(lay, ks, s) for lay, ks, s in OTHER} == {
+        ("torchsparse", (3, 1, 2), 1),
+        ("torchsparse", (3, 3, 3), 2),
+    }
+
+
+def _reference(x, layout, w, ks, stride, bias=None):
+    return _dense_conv(x, _with_offsets(ENTRIES[layout](w, ks, stride), layout, ks, stride), stride, bias)
+
+
+@pytest.mark.parametrize(("layout", "ks", "stride"), SAME)
 def test_loading_converted_weights_matches_layout_definition(layout, ks, stride):
     """src layout -> relconv: a relconv Conv3d with the converted weight computes what the source
     weight means by its layout's definition."""
     w = _random(layout, ks, stride)
     x = _voxels()
-    ref = _dense_conv(x, ENTRIES[layout](w, ks, stride), stride)
     conv = _relconv_conv(convert_weight(w, layout, "relconv", ks, stride), ks, stride)
-    _assert_same(conv(x), ref)
+    _assert_same(conv(x), _reference(x, layout, w, ks, stride))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("ks", "stride"), CASES)
+@pytest.mark.parametrize(("layout", "ks", "stride"), SAME)
 def test_exported_weights_mean_what_relconv_computes(layout, ks, stride):
     """relconv -> dst layout: the exported weight, read by dst's definition, reproduces relconv's output."""
     conv = _relconv_conv(_random("relconv", ks, stride), ks, stride)
     x = _voxels()
     w = convert_weight(conv.weight.detach(), "relconv", layout, ks, stride)
     assert tuple(w.shape) == _shape(layout, ks, stride, 3, 4)
-    _assert_same(conv(x), _dense_conv(x, ENTRIES[layout](w, ks, stride), stride))
+    _assert_same(conv(x), _reference(x, layout, w, ks, stride))
+
+
+@pytest.mark.parametrize(("layout", "ks", "stride"), OTHER)
+def test_layers_reading_other_offsets_differ_from_native(layout, ks, stride):
+    """Where the library reads kernel indices at other offsets than relconv's native layer, the
+    converted weight keeps each index's matrix but the native layer computes something else (the
+    shim, which keeps the library's geometry, is the way to run such layers)."""
+    w = _random(layout, ks, stride)
+    x = _voxels()
+    got = _relconv_conv(convert_weight(w, layout, "relconv", ks, stride), ks, stride)(x)
+    want = _reference(x, layout, w, ks, stride)
+    same_sites = torch.equal(_sorted(got)[0], _sorted(want)[0])
+    assert not (same_sites and torch.allclose(_sorted(got)[1], _sorted(want)[1]))
 
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(LAYOUTS, LAYOUTS)))
 @pytest.mark.parametrize(("ks", "stride"), CASES)
 def test_every_direction_keeps_each_offsets_matrix(src, dst, ks, stride):
-    """Between any two layouts, every offset keeps its matrix, and converting back is the identity."""
+    """Between any two layouts, every kernel index keeps its matrix, and converting back is the identity."""
     w = _random(src, ks, stride)
     v = convert_weight(w, src, dst, ks, stride)
     want = {d: m for d, m in ENTRIES[src](w, ks, stride)}
@@ -239,8 +309,8 @@ def test_transposed_conv_uses_the_strided_layout(layout):
     got = up(coarse)
     # Reference: conv_transpose3d on the dense coarse grid, read at the fine input sites.
     dense_w = torch.zeros(3, 4, *ks, dtype=DT)
-    for d, m in ENTRIES[layout](w, ks, 2):
-        dense_w[:, :, d[0], d[1], d[2]] = m
+    for d, m in _with_offsets(ENTRIES[layout](w, ks, 2), layout, ks, 2):
+        dense_w[:, :, d[0], d[1], d[2]] = m  # every layout reads a 2^3 stride-2 kernel at 0 .. 1
     cc = coarse.coords.long()
     size = (cc[:, 1:].max(0).values // 2 + 1).tolist()
     grid = torch.zeros(2, 3, *size, dtype=DT)
@@ -255,7 +325,7 @@ def test_transposed_conv_uses_the_strided_layout(layout):
 # A relconv model and the same network's state_dict as each library names it.
 MODEL_CONVS = [
     ("0", 3, 5, (3, 3, 3), 1, True),
-    ("1", 5, 6, (3, 1, 2), 1, False),
+    ("1", 5, 6, (3, 1, 1), 1, False),
     ("2", 6, 4, (2, 2, 2), 2, True),
     ("3", 4, 4, (1, 1, 1), 1, False),
 ]
@@ -281,7 +351,7 @@ def _reference_forward(x, layout, sd):
     for name, _, _, ks, s, b in MODEL_CONVS:
         w = sd[f"{name}.{'kernel' if layout in ('torchsparse', 'minkowski') else 'weight'}"]
         bias = sd[f"{name}.bias"].reshape(-1) if b else None
-        x = _dense_conv(x, ENTRIES[layout](w, ks, s), s, bias)
+        x = _reference(x, layout, w, ks, s, bias)
     return x
 
 
@@ -304,7 +374,7 @@ def test_state_dict_round_trip(src, dst):
     sd["bn.weight"] = torch.randn(4)
     sd["bn.running_mean"] = torch.randn(4)
     sd["bn.num_batches_tracked"] = torch.tensor(7)
-    sizes = {"1": (3, 1, 2)}
+    sizes = {"1": (3, 1, 1)}
     strides = {"2": 2}
     there = convert_state_dict(sd, src, dst, kernel_sizes=sizes, strides=strides)
     leaf = "kernel" if dst in ("torchsparse", "minkowski") else "weight"
