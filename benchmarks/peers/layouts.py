@@ -23,18 +23,19 @@ an even volume x slowest and z fastest (relconv's). A transposed conv reuses its
 map with the same indices.
 
 All four claims are checked numerically before every timed layer (bench.run_case): a wrong order
-shows up as a "mismatch" row, never as a time.
+shows up as a "mismatch" row, never as a time. The conversions are `relconv.convert.convert_weight`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from relconv.convert import convert_weight
+
 
 def to_spconv(weight: torch.Tensor, kernel_size: tuple[int, int, int]) -> torch.Tensor:
     """relconv [K, C_in, C_out] -> spconv [C_out, kx, ky, kz, C_in]."""
-    k, c_in, c_out = weight.shape
-    return weight.reshape(*kernel_size, c_in, c_out).permute(4, 0, 1, 2, 3).contiguous()
+    return convert_weight(weight, "relconv", "spconv", kernel_size)
 
 
 def to_warpconvnet(weight: torch.Tensor) -> torch.Tensor:
@@ -45,12 +46,4 @@ def to_warpconvnet(weight: torch.Tensor) -> torch.Tensor:
 def to_torchsparse(weight: torch.Tensor, kernel_size: tuple[int, int, int]) -> torch.Tensor:
     """relconv [K, C_in, C_out] -> TorchSparse++ `Conv3d.kernel` [K, C_in, C_out] (or [C_in, C_out]
     for a 1x1x1 kernel, which TorchSparse++ runs as a plain matmul)."""
-    k, c_in, c_out = weight.shape
-    if k == 1:
-        return weight[0].contiguous()
-    if k % 2 == 0:
-        return weight.contiguous()
-    # Odd volume: x fastest, z slowest; permute relconv's (x, y, z) kernel axes to (z, y, x).
-    return (
-        weight.reshape(*kernel_size, c_in, c_out).permute(2, 1, 0, 3, 4).reshape(k, c_in, c_out).contiguous()
-    )
+    return convert_weight(weight, "relconv", "torchsparse", kernel_size)

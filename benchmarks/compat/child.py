@@ -1,0 +1,208 @@
+"""One (backbone, library) in a process of its own: parity outputs or timings, written to a file.
+
+    python -m benchmarks.compat.child parity BACKBONE LIBRARY OUT.pt [--state STATE.pt] ...
+    python -m benchmarks.compat.child speed BACKBONE LIBRARY OUT.json ...
+
+fp16 is mixed precision as the libraries' users run it: fp16 input features under
+`torch.autocast` with fp32 parameters (TorchSparse's convs follow their fp16 operands, spconv's and
+relconv's follow autocast). fp32 is exact fp32 (TF32 off everywhere).
+
+`parity` runs, per dtype, a training-mode forward and the backward of a fixed projection of every
+output, and an eval-mode forward without autograd, from the same initial state each time, and saves
+outputs, input gradient and parameter gradients (all moved to the CPU as float32). The real library's
+run also saves the initial state_dict, which the shim's and the native twin's runs load (`--state`).
+`speed` times inference (eval, `torch.no_grad()`) and a training step (forward, projection, backward)
+with the shared harness timing (`benchmarks.harness.timing.measure`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+from benchmarks.compat import backbones as bb
+from benchmarks.compat import native, scenes
+from benchmarks.harness.timing import TimingConfig, measure
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+def _precision(family: str) -> None:
+    """fp32 means fp32 on every side: no TF32 in torch, relconv or TorchSparse (whose default is on)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if family == "torchsparse":
+        backends = getattr(sys.modules.get("torchsparse"), "backends", None)
+        if backends is not None and hasattr(backends, "allow_tf32"):
+            backends.allow_tf32 = False
+
+
+class Side:
+    """A built backbone in one library, with the functions that feed it and read it."""
+
+    def __init__(
+        self, backbone: bb.Backbone, library: str, root: Path, voxels: scenes.Voxels, device
+    ) -> None:
+        self.backbone, self.library, self.voxels, self.device = backbone, library, voxels, device
+        self.described = bb.use_library(backbone.family, library)
+        _precision(backbone.family)
+        torch.manual_seed(0)
+        if library == "native":
+            if backbone.name not in native.TWINS:
+                raise bb.HarnessError(f"{backbone.name} has no relconv-native twin")
+            self.model = native.TWINS[backbone.name]()
+            self._input, self._outputs = native.make_input, native.outputs
+        else:
+            self.model = backbone.build(root, voxels)
+            self._input, self._outputs = backbone.make_input, backbone.outputs
+        self.model.to(device)
+
+    def load(self, state: dict) -> None:
+        if self.library == "native":
+            native.load_torchsparse_state(self.model, state)
+        else:
+            self.model.load_state_dict(state, strict=True)
+
+    def param_grads(self) -> dict[str, torch.Tensor]:
+        if self.library == "native":
+            return native.grads_as_torchsparse(self.model)
+        return {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def features(self, dtype, requires_grad: bool) -> torch.Tensor:
+        f = self.voxels.feats.to(self.device, dtype)
+        return f.requires_grad_(requires_grad)
+
+    def run(self, feats: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        inp = self._input(self.voxels, feats)
+        return self._outputs(self.model, self.model(inp))
+
+
+def projection_loss(outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """sum over outputs of <features, R> with R a fixed function of (output name, coordinates,
+    channel): independent of row order, so every library gets the same loss for the same result."""
+    total = 0.0
+    for n, (_, (coords, feats)) in enumerate(sorted(outputs.items())):
+        c = coords.to(torch.float64)
+        phase = c @ torch.tensor([0.61, 0.37, 0.23, 0.11], dtype=torch.float64, device=c.device)
+        ch = torch.arange(feats.shape[1], dtype=torch.float64, device=c.device)
+        r = torch.cos(phase[:, None] + 1.3 * ch[None, :] + 0.7 * n)
+        total = total + (feats.float() * r.float()).sum()
+    return total
+
+
+def precision(name: str, device: torch.device):
+    """The context a dtype's run executes in (see the module docstring)."""
+    if name == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def _cpu(outputs) -> dict:
+    return {k: (c.detach().cpu().long(), f.detach().cpu().float()) for k, (c, f) in outputs.items()}
+
+
+def parity(side: Side, dtypes: list[str], state_in: Path | None, out: Path) -> None:
+    if state_in is not None:
+        side.load(torch.load(state_in, map_location=side.device))
+    initial = {k: v.detach().clone() for k, v in side.model.state_dict().items()}
+    result: dict = {"library": side.described, "backbone": side.backbone.name, "dtypes": {}}
+    if state_in is None:
+        result["state"] = {k: v.cpu() for k, v in initial.items()}
+    for name in dtypes:
+        dtype = DTYPES[name]
+        side.model.load_state_dict({k: v.clone() for k, v in initial.items()})
+        side.model.train()
+        side.model.zero_grad(set_to_none=True)
+        feats = side.features(dtype, requires_grad=True)
+        with precision(name, side.device):
+            outputs = side.run(feats)
+            loss = projection_loss(outputs)
+        loss.backward()
+        train = {
+            "outputs": _cpu(outputs),
+            "input_grad": feats.grad.detach().cpu().float(),
+            "param_grads": {k: g.detach().cpu().float() for k, g in side.param_grads().items()},
+        }
+        side.model.load_state_dict({k: v.clone() for k, v in initial.items()})
+        side.model.eval()
+        with torch.no_grad(), precision(name, side.device):
+            infer = {"outputs": _cpu(side.run(side.features(dtype, requires_grad=False)))}
+        result["dtypes"][name] = {"train": train, "infer": infer}
+    torch.save(result, out)
+
+
+def speed(side: Side, dtypes: list[str], config: TimingConfig, out: Path) -> None:
+    rows = []
+    for name in dtypes:
+        dtype = DTYPES[name]
+        inputs = [side.features(dtype, requires_grad=False) for _ in range(2)]
+
+        def infer(f, name=name):
+            with torch.no_grad(), precision(name, side.device):
+                return side.run(f)
+
+        def train(f, name=name):
+            side.model.zero_grad(set_to_none=True)
+            with precision(name, side.device):
+                loss = projection_loss(side.run(f))
+            loss.backward()
+
+        for phase, fn, training in (("inference", infer, False), ("training", train, True)):
+            side.model.train(training)
+            try:
+                t = measure(fn, inputs, side.device, config)
+                row = {"latency_ms": t.latency_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms}
+                row.update(throughput_ms=t.throughput_ms, runs=t.runs, peak_mem_mib=t.peak_mem_mib)
+            except Exception as err:  # one failing case must not hide the others' times
+                row = {"error": f"{type(err).__name__}: {err}"}
+            rows.append({"dtype": name, "phase": phase, **row})
+    out.write_text(
+        json.dumps({"library": side.described, "backbone": side.backbone.name, "rows": rows}, indent=1)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("mode", choices=("parity", "speed"))
+    p.add_argument("backbone", choices=sorted(bb.BACKBONES))
+    p.add_argument("library", choices=bb.LIBRARIES)
+    p.add_argument("out", type=Path)
+    p.add_argument("--state", type=Path, help="state_dict saved by the real library's parity run")
+    p.add_argument("--downstream", type=Path, default=bb.DEFAULT_DOWNSTREAM)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtypes", default="fp32,fp16")
+    p.add_argument("--tiny", action="store_true", help="two small 8-beam scans instead of four 64-beam ones")
+    p.add_argument("--scene-cache", type=Path, help="folder the voxelized scans are kept in between children")
+    p.add_argument("--runs", type=int, default=TimingConfig.runs)
+    p.add_argument("--queued-blocks", type=int, default=3)
+    p.add_argument("--warmup-runs", type=int, default=TimingConfig.warmup_runs)
+    a = p.parse_args(argv)
+    dtypes = [d for d in a.dtypes.split(",") if d]
+    if any(d not in DTYPES for d in dtypes):
+        p.error(f"--dtypes must name some of {sorted(DTYPES)}, got {a.dtypes!r}")
+    backbone = bb.BACKBONES[a.backbone]
+    try:
+        voxels = scenes.load(backbone.scene, a.tiny, a.scene_cache)
+        side = Side(backbone, a.library, a.downstream, voxels, torch.device(a.device))
+        if a.mode == "parity":
+            parity(side, dtypes, a.state, a.out)
+        else:
+            config = TimingConfig(warmup_runs=a.warmup_runs, runs=a.runs, queued_blocks=a.queued_blocks)
+            speed(side, dtypes, config, a.out)
+    except bb.HarnessError as err:
+        print(f"compat harness: {err}", file=sys.stderr)
+        return 2
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

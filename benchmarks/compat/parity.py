@@ -1,0 +1,247 @@
+"""Parity of relconv's shims (and native twins) with the real spconv / TorchSparse on downstream backbones.
+
+    source benchmarks/peers/activate.sh
+    python -m benchmarks.compat.parity --out OUT_DIR            # GPU host, real library as reference
+    python -m benchmarks.compat.parity --out OUT_DIR --dry-run  # CPU, shims only, tiny scans
+
+Per backbone the reference library (the real one) builds the model from the downstream snapshot,
+saves its initial state_dict, and runs; every candidate (the shim with the same state_dict, the
+native twin with it converted by `relconv.convert`) runs the same input. For fp32 and fp16, training
+mode and inference: the output coordinates must be the same set and, sorted, the same rows; the
+features, the input-feature gradient and every parameter gradient of the backward of a fixed
+projection of the outputs must agree within `TOLERANCE` (max |a - b| / max |b| per tensor).
+Writes parity.json and parity.md to OUT_DIR (after every backbone, so a cut-off run keeps its rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.compat import backbones as bb
+from benchmarks.compat import native
+from benchmarks.compat.spawn import run_child
+
+TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2}
+
+
+def sort_rows(coords: torch.Tensor) -> torch.Tensor:
+    """The permutation that sorts integer rows lexicographically."""
+    perm = torch.arange(coords.shape[0])
+    for col in reversed(range(coords.shape[1])):
+        perm = perm[torch.sort(coords[perm, col], stable=True).indices]
+    return perm
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    if b.numel() == 0:
+        return 0.0
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def compare_outputs(ref: dict, cand: dict) -> dict:
+    """Per output: coordinate agreement and the features' error after aligning rows by coordinates."""
+    result = {}
+    for name, (rc, rf) in ref.items():
+        if name not in cand:
+            result[name] = {"coords": "missing"}
+            continue
+        cc, cf = cand[name]
+        rp, cp = sort_rows(rc), sort_rows(cc)
+        rs, cs = rc[rp], cc[cp]
+        distinct = (
+            rs.shape[0] == torch.unique(rs, dim=0).shape[0]
+            and cs.shape[0] == torch.unique(cs, dim=0).shape[0]
+        )
+        if rs.shape != cs.shape or not torch.equal(rs, cs):
+            same_set = False
+        else:
+            same_set = distinct
+        entry = {"rows": [int(rc.shape[0]), int(cc.shape[0])], "coords_same_set": same_set}
+        entry["coords_same_order"] = bool(rc.shape == cc.shape and torch.equal(rc, cc))
+        entry["feats_rel_err"] = rel_err(cf[cp], rf[rp]) if same_set else None
+        result[name] = entry
+    return result
+
+
+def compare_run(ref: dict, cand: dict, dtype: str) -> dict:
+    tol = TOLERANCE[dtype]
+    out = {}
+    for phase in ("train", "infer"):
+        outs = compare_outputs(ref[phase]["outputs"], cand[phase]["outputs"])
+        errs = [e.get("feats_rel_err") for e in outs.values()]
+        coords_ok = all(e.get("coords_same_set") for e in outs.values())
+        feats = max((e for e in errs if e is not None), default=None)
+        row = {"outputs": outs, "coords_ok": coords_ok, "feats_rel_err": feats}
+        ok = coords_ok and feats is not None and feats <= tol
+        if phase == "train":
+            row["input_grad_rel_err"] = rel_err(cand[phase]["input_grad"], ref[phase]["input_grad"])
+            rg, cg = ref[phase]["param_grads"], cand[phase]["param_grads"]
+            row["param_grads_missing"] = sorted(set(rg) ^ set(cg))
+            per = {k: rel_err(cg[k], rg[k]) for k in rg if k in cg}
+            worst = max(per, key=per.get) if per else None
+            row["param_grad_rel_err"] = per[worst] if worst else None
+            row["param_grad_worst"] = worst
+            ok = ok and row["input_grad_rel_err"] <= tol and not row["param_grads_missing"]
+            ok = ok and (row["param_grad_rel_err"] or 0.0) <= tol
+        row["pass"] = bool(ok)
+        out[phase] = row
+    return out
+
+
+def run_backbone(name: str, args, work: Path) -> dict:
+    common = ["--downstream", str(args.downstream), "--device", args.device, "--dtypes", args.dtypes]
+    common += ["--tiny"] if args.tiny else []
+    common += ["--scene-cache", str(work / "scenes")]
+    ref_file = work / f"{name}-{args.reference}.pt"
+    report: dict = {"backbone": name, "reference": args.reference, "candidates": {}}
+    err = run_child(["parity", name, args.reference, str(ref_file), *common], args.timeout)
+    if err:
+        report["error"] = f"{args.reference}: {err}"
+        return report
+    ref = torch.load(ref_file)
+    report["reference_library"] = ref["library"]
+    first = next(iter(ref["dtypes"].values()))["train"]["outputs"]
+    report["reference_rows"] = {k: int(c.shape[0]) for k, (c, _) in first.items()}
+    state_file = work / f"{name}-state.pt"
+    torch.save(ref["state"], state_file)
+    for cand in args.candidates:
+        if cand == "native" and not native.EXACT.get(name, False):
+            why = "no native twin" if name not in native.TWINS else "twin's downsampling differs"
+            report["candidates"][cand] = {"skipped": why}
+            continue
+        if cand == args.reference:
+            continue
+        cand_file = work / f"{name}-{cand}.pt"
+        err = run_child(
+            ["parity", name, cand, str(cand_file), "--state", str(state_file), *common], args.timeout
+        )
+        if err:
+            report["candidates"][cand] = {"error": err}
+            continue
+        got = torch.load(cand_file)
+        report["candidates"][cand] = {
+            "library": got["library"],
+            "dtypes": {d: compare_run(ref["dtypes"][d], got["dtypes"][d], d) for d in ref["dtypes"]},
+        }
+    return report
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.2e}"
+
+
+def _cells(*values) -> str:
+    return "| " + " | ".join(str(v) for v in values) + " |"
+
+
+def _row_cells(backbone: str, cand: str, dtype: str, phase: str, row: dict) -> str:
+    train = phase == "train"
+    grads = [
+        _fmt(row.get("input_grad_rel_err")),
+        f"{_fmt(row.get('param_grad_rel_err'))} ({row.get('param_grad_worst')})",
+    ]
+    coords = "same" if row["coords_ok"] else "DIFFER"
+    ok = "yes" if row["pass"] else "NO"
+    return _cells(
+        backbone, cand, dtype, phase, coords, _fmt(row["feats_rel_err"]), *(grads if train else ["", ""]), ok
+    )
+
+
+def markdown(reports: list[dict]) -> str:
+    lines = [
+        "# Shim parity on downstream backbones",
+        "",
+        f"Tolerances (max |a - b| / max |b| per tensor): {TOLERANCE}. "
+        "Coordinates: the same set, then the same rows once sorted.",
+        "",
+        _cells(
+            "backbone",
+            "candidate",
+            "dtype",
+            "phase",
+            "coords",
+            "features",
+            "input grad",
+            "param grad",
+            "pass",
+        ),
+        _cells(*["---"] * 9),
+    ]
+    for r in reports:
+        if "error" in r:
+            lines.append(
+                _cells(
+                    r["backbone"], "-", "-", "-", "error: " + r["error"].splitlines()[-1], "", "", "", "no"
+                )
+            )
+            continue
+        for cand, c in r["candidates"].items():
+            if "dtypes" not in c:
+                why = c.get("skipped") or "error: " + c["error"].splitlines()[-1]
+                lines.append(
+                    _cells(r["backbone"], cand, "-", "-", why, "", "", "", "-" if "skipped" in c else "no")
+                )
+                continue
+            for dtype, phases in c["dtypes"].items():
+                lines += [_row_cells(r["backbone"], cand, dtype, phase, row) for phase, row in phases.items()]
+    refs = "; ".join(f"{r['backbone']}: {r.get('reference_library', '?')}" for r in reports)
+    rows = [f"- {r['backbone']}: {r['reference_rows']}" for r in reports if "reference_rows" in r]
+    return "\n".join([*lines, "", "Reference libraries: " + refs, "", "Reference output rows:", *rows]) + "\n"
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for parity.json and parity.md")
+    p.add_argument("--backbones", default=",".join(bb.BACKBONES), help="comma-separated subset")
+    p.add_argument("--reference", default="real", choices=("real", "shim"))
+    p.add_argument("--candidates", default="shim,native")
+    p.add_argument("--downstream", type=Path, default=bb.DEFAULT_DOWNSTREAM.resolve())
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtypes", default="fp32,fp16")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds per child process")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU, tiny scans, fp32, the shim as reference and the native twins as candidates",
+    )
+    args = p.parse_args(argv)
+    if args.dry_run:
+        args.device, args.tiny, args.dtypes, args.reference, args.candidates = (
+            "cpu",
+            True,
+            "fp32",
+            "shim",
+            "native",
+        )
+    args.candidates = [c for c in args.candidates.split(",") if c]
+    args.backbones = [b for b in args.backbones.split(",") if b]
+    unknown = [b for b in args.backbones if b not in bb.BACKBONES]
+    if unknown:
+        p.error(f"unknown backbones {unknown}; known: {sorted(bb.BACKBONES)}")
+    args.downstream = args.downstream.resolve()
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="relconv-compat-") as tmp:
+        for name in args.backbones:
+            reports.append(run_backbone(name, args, Path(tmp)))
+            (args.out / "parity.json").write_text(json.dumps(reports, indent=1))
+            (args.out / "parity.md").write_text(markdown(reports))
+            print(markdown(reports[-1:]).split("\n", 6)[-1], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""Speed of the real spconv / TorchSparse, relconv's shim of it, and relconv's native twin, per backbone.
+
+    source benchmarks/peers/activate.sh
+    python -m benchmarks.compat.speed --out OUT_DIR            # GPU host
+    python -m benchmarks.compat.speed --out OUT_DIR --dry-run  # CPU, shims and twins only, tiny scans
+
+Each (backbone, library) runs in its own process (`child.py speed`): inference (eval mode,
+`torch.no_grad()`) and a training step (forward, fixed projection, backward), fp32 (TF32 off) and
+fp16 (autocast with fp16 features), on a batch of four 64-beam scans, timed by the shared harness
+(`benchmarks.harness.timing.measure`: medians of synchronised-call latency and of queued
+throughput). A library's input tensor is built inside every call (one scan batch, fresh maps), as a
+training or inference loop over new scans does. The summary gives the real library's time over the
+shim's (the issue's bar: >= 1.5) and the shim's time over the native twin's (bar: <= 1.05).
+Writes speed.json and speed.md to OUT_DIR after every child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from benchmarks.compat import backbones as bb
+from benchmarks.compat import native
+from benchmarks.compat.spawn import run_child
+
+HEADER = ("backbone", "dtype", "phase", "real", "shim", "native")
+HEADER += ("real/shim lat", "real/shim queued", "shim/native lat", "shim/native queued")
+SPEEDUP_BAR = 1.5
+OVERHEAD_BAR = 1.05
+
+
+def _ratio(num: dict | None, den: dict | None, key: str) -> float | None:
+    if not num or not den or key not in num or key not in den or not den[key]:
+        return None
+    return num[key] / den[key]
+
+
+def summarise(results: list[dict]) -> list[dict]:
+    """One row per (backbone, dtype, phase) with every library's times and the two ratios."""
+    table: dict[tuple, dict] = {}
+    for r in results:
+        for row in r.get("rows", []):
+            key = (r["backbone"], row["dtype"], row["phase"])
+            table.setdefault(key, {"backbone": key[0], "dtype": key[1], "phase": key[2]})[
+                r["library_kind"]
+            ] = row
+    out = []
+    for row in table.values():
+        for metric in ("latency_ms", "throughput_ms"):
+            row[f"real_over_shim_{metric}"] = _ratio(row.get("real"), row.get("shim"), metric)
+            row[f"shim_over_native_{metric}"] = _ratio(row.get("shim"), row.get("native"), metric)
+        out.append(row)
+    return out
+
+
+def _t(row: dict | None) -> str:
+    if not row:
+        return "-"
+    if "error" in row:
+        return "error"
+    return f"{row['latency_ms']:.2f} / {row['throughput_ms']:.2f}"
+
+
+def _r(v: float | None, good) -> str:
+    return "-" if v is None else f"{v:.2f}" + ("" if good(v) else " (!)")
+
+
+def _cells(*values) -> str:
+    return "| " + " | ".join(str(v) for v in values) + " |"
+
+
+def markdown(results: list[dict]) -> str:
+    fast, cheap = (lambda v: v >= SPEEDUP_BAR), (lambda v: v <= OVERHEAD_BAR)
+    lines = [
+        "# Shim speed on downstream backbones",
+        "",
+        "Times in ms, `latency / queued` (medians). real/shim: the real library's time over the shim's "
+        f"(bar >= {SPEEDUP_BAR}); shim/native: the shim's time over relconv's native twin's "
+        f"(bar <= {OVERHEAD_BAR}). (!) marks a ratio that misses its bar.",
+        "",
+        _cells(*HEADER),
+        _cells(*["---"] * 10),
+    ]
+    for row in summarise(results):
+        times = [_t(row.get(lib)) for lib in ("real", "shim", "native")]
+        ratios = [_r(row[f"real_over_shim_{m}"], fast) for m in ("latency_ms", "throughput_ms")]
+        ratios += [_r(row[f"shim_over_native_{m}"], cheap) for m in ("latency_ms", "throughput_ms")]
+        lines.append(_cells(row["backbone"], row["dtype"], row["phase"], *times, *ratios))
+    errors = [f"{r['backbone']} / {r['library_kind']}: {r['error']}" for r in results if "error" in r]
+    errors += [
+        f"{r['backbone']} / {r['library_kind']}: {x['dtype']} {x['phase']}: {x['error']}"
+        for r in results
+        for x in r.get("rows", [])
+        if "error" in x
+    ]
+    if errors:
+        lines += ["", "Errors:", "", *(f"- {e.splitlines()[-1]}" for e in errors)]
+    libraries = sorted({f"{r['library_kind']} = {r['library']}" for r in results if "library" in r})
+    lines += ["", "Libraries: " + "; ".join(libraries)]
+    lines += [
+        f"- {name}: the native twin's coarse sites differ from TorchSparse's (a timing reference only)"
+        for name, exact in native.EXACT.items()
+        if not exact
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for speed.json and speed.md")
+    p.add_argument("--backbones", default=",".join(bb.BACKBONES), help="comma-separated subset")
+    p.add_argument("--libraries", default="real,shim,native")
+    p.add_argument("--downstream", type=Path, default=bb.DEFAULT_DOWNSTREAM)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtypes", default="fp32,fp16")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--runs", type=int, default=20, help="timed calls per latency / queued block")
+    p.add_argument("--queued-blocks", type=int, default=3)
+    p.add_argument("--warmup-runs", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per child process")
+    p.add_argument(
+        "--dry-run", action="store_true", help="CPU, tiny scans, fp32, shim and native only, 3 runs"
+    )
+    args = p.parse_args(argv)
+    if args.dry_run:
+        args.device, args.tiny, args.dtypes, args.libraries = "cpu", True, "fp32", "shim,native"
+        args.runs, args.queued_blocks, args.warmup_runs = 3, 1, 1
+    args.libraries = [x for x in args.libraries.split(",") if x]
+    args.backbones = [b for b in args.backbones.split(",") if b]
+    bad = [b for b in args.backbones if b not in bb.BACKBONES]
+    bad += [x for x in args.libraries if x not in bb.LIBRARIES]
+    if bad:
+        p.error(f"unknown backbones or libraries {bad}; known: {sorted(bb.BACKBONES)}, {bb.LIBRARIES}")
+    args.downstream = args.downstream.resolve()
+    return args
+
+
+def _child_args(name: str, library: str, out: Path, work: Path, args) -> list[str]:
+    cmd = ["speed", name, library, str(out), "--downstream", str(args.downstream), "--device", args.device]
+    cmd += ["--dtypes", args.dtypes, "--runs", str(args.runs), "--queued-blocks", str(args.queued_blocks)]
+    cmd += ["--warmup-runs", str(args.warmup_runs), "--scene-cache", str(work / "scenes")]
+    return cmd + (["--tiny"] if args.tiny else [])
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="relconv-compat-") as tmp:
+        for name in args.backbones:
+            for library in args.libraries:
+                if library == "native" and name not in native.TWINS:
+                    continue
+                out = Path(tmp) / f"{name}-{library}.json"
+                err = run_child(_child_args(name, library, out, Path(tmp), args), args.timeout)
+                result = {"backbone": name, "error": err} if err else json.loads(out.read_text())
+                result["library_kind"] = library
+                results.append(result)
+                summary = {"results": results, "summary": summarise(results)}
+                (args.out / "speed.json").write_text(json.dumps(summary, indent=1))
+                (args.out / "speed.md").write_text(markdown(results))
+                print(f"{name} / {library}:", "error: " + err.splitlines()[-1] if err else "done", flush=True)
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
