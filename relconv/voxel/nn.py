@@ -37,11 +37,13 @@ class BatchNorm(_FeatureWise):
     op (two kernels a training forward and backward, one C++ autograd node), which also takes a
     following ReLU in `Sequential`.
 
-    Distributed training: `torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)` turns `module`
-    into a `torch.nn.SyncBatchNorm`; in training, with a process group of more than one rank, the
-    batch statistics then span all ranks: on CUDA through torch's SyncBatchNorm itself, elsewhere
-    (gloo on CPU, which torch's refuses) through `relconv.voxel.sync_batch_norm`. Evaluation and
-    single-rank training keep the fused op.
+    Distributed training: `relconv.voxel.convert_sync_batchnorm(model)` turns every BatchNorm into
+    a `relconv.voxel.SyncBatchNorm` (any device and backend). `torch.nn.SyncBatchNorm.
+    convert_sync_batchnorm(model)` works too, on CUDA: it turns `module` into a torch SyncBatchNorm,
+    and in training with a process group of more than one rank the batch statistics then span all
+    ranks through torch's SyncBatchNorm itself (DistributedDataParallel refuses torch's
+    SyncBatchNorm in a CPU model; outside DDP, CPU input runs `relconv.voxel.sync_batch_norm`).
+    Evaluation and single-rank training keep the fused op.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
@@ -59,7 +61,7 @@ class BatchNorm(_FeatureWise):
             if not feats.is_cuda:
                 out = sync_batch_norm(feats, bn)
                 return torch.relu(out) if relu else out
-            if sync_group(bn)[1] > 1:
+            if sync_group(bn.process_group)[1] > 1:
                 out = bn(feats)
                 return torch.relu(out) if relu else out
         # momentum=None (a cumulative average) divides by num_batches_tracked on the host: torch's way.
@@ -145,7 +147,7 @@ def bn_relu_pairs(children: list[nn.Module]) -> list:
     i = 0
     while i < len(children):
         m = children[i]
-        if type(m) is BatchNorm and i + 1 < len(children) and isinstance(children[i + 1], ReLU):
+        if isinstance(m, BatchNorm) and i + 1 < len(children) and isinstance(children[i + 1], ReLU):
             out.append((m,))
             i += 2
         else:

@@ -2,13 +2,14 @@
 
 `torch.nn.SyncBatchNorm` refuses input on CPU (and on any device but CUDA-like ones) once a process
 group exists, so a gloo job on CPU cannot run it. `sync_batch_norm` computes the same thing with
-collectives every backend has (`all_gather`, `all_reduce`): the forward gathers each rank's
+collectives every backend has (`all_gather`, `all_reduce`), for a `torch.nn.SyncBatchNorm` or a
+`torch.nn.BatchNorm1d` and a process group: the forward gathers each rank's
 (mean, sum of squared deviations, count) and merges them (Chan et al.'s pairwise update, stable for
 large means and for ranks with different row counts, empty ranks included); the backward all-reduces
 (sum dy, sum dy * x_hat) so that every rank's input gradient is that of the global batch. The
 weight and bias gradients stay local, as in torch: DistributedDataParallel averages them with the
-other parameters. `relconv.voxel.BatchNorm` routes here when its module is a SyncBatchNorm on a
-non-CUDA device.
+other parameters. `relconv.voxel.SyncBatchNorm` normalises through it on every device, and
+`relconv.voxel.BatchNorm` routes here when its module is a torch SyncBatchNorm on a non-CUDA device.
 """
 
 from __future__ import annotations
@@ -19,23 +20,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def sync_group(bn: nn.SyncBatchNorm):
-    """(process group, world size) that `bn` synchronises over; world size 1 without a group."""
+def sync_group(process_group=None):
+    """(process group, world size): `process_group`, or the default group when None; world size 1
+    when no process group is initialised."""
     if not (dist.is_available() and dist.is_initialized()):
         return None, 1
-    group = bn.process_group if bn.process_group is not None else dist.group.WORLD
+    group = process_group if process_group is not None else dist.group.WORLD
     return group, dist.get_world_size(group)
 
 
-def sync_batch_norm(feats: Tensor, bn: nn.SyncBatchNorm) -> Tensor:
-    """`bn(feats)` for `bn` in training mode, with batch statistics over all ranks of its group.
+def sync_batch_norm(feats: Tensor, bn: nn.Module, process_group=None) -> Tensor:
+    """`bn(feats)` for `bn` in training mode, with batch statistics over all ranks of a group.
 
-    `feats` is [N, C]. Running statistics and `num_batches_tracked` are updated as torch updates
-    them (unbiased running variance over the global row count; momentum None: cumulative average).
-    Every rank of the group must call it, in the same order as its other collectives.
+    `bn` is a `torch.nn.BatchNorm1d` or `torch.nn.SyncBatchNorm`; the group is `process_group`,
+    else a SyncBatchNorm's own `process_group`, else the default group. `feats` is [N, C]. Running
+    statistics and `num_batches_tracked` are updated as torch updates them (unbiased running
+    variance over the global row count; momentum None: cumulative average). Every rank of the
+    group must call it, in the same order as its other collectives.
     """
-    if not isinstance(bn, nn.SyncBatchNorm):
-        raise TypeError(f"bn must be a torch.nn.SyncBatchNorm, got {type(bn).__name__}")
+    if not isinstance(bn, (nn.BatchNorm1d, nn.SyncBatchNorm)):
+        raise TypeError(f"bn must be a torch.nn.BatchNorm1d or SyncBatchNorm, got {type(bn).__name__}")
     if not bn.training:
         raise ValueError("sync_batch_norm normalises by batch statistics: bn must be in training mode")
     if feats.dim() != 2 or feats.shape[1] != bn.num_features:
@@ -47,7 +51,9 @@ def sync_batch_norm(feats: Tensor, bn: nn.SyncBatchNorm) -> Tensor:
             factor = 1.0 / float(bn.num_batches_tracked)
     running_mean = bn.running_mean if bn.track_running_stats else None
     running_var = bn.running_var if bn.track_running_stats else None
-    group, world = sync_group(bn)
+    if process_group is None and isinstance(bn, nn.SyncBatchNorm):
+        process_group = bn.process_group
+    group, world = sync_group(process_group)
     if world == 1:
         return F.batch_norm(feats, running_mean, running_var, bn.weight, bn.bias, True, factor, bn.eps)
     return _SyncBatchNorm.apply(

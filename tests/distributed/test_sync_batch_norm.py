@@ -1,12 +1,13 @@
-"""SyncBatchNorm through `relconv.voxel.BatchNorm` over two ranks equals one process's BatchNorm over
-the concatenated batch: outputs, running statistics, input gradients and (summed over ranks) the
-weight and bias gradients."""
+"""Synchronized BatchNorm over two ranks equals one process's BatchNorm over the concatenated batch:
+outputs, running statistics, input gradients and (summed over ranks) the weight and bias gradients.
+Both converters: relconv's (`relconv.voxel.SyncBatchNorm`) and torch's (`relconv.voxel.BatchNorm`
+around a `torch.nn.SyncBatchNorm`)."""
 
 import pytest
 import torch
 from torch import nn
 
-from relconv.voxel import BatchNorm, ReLU, Sequential, VoxelTensor
+from relconv.voxel import BatchNorm, ReLU, Sequential, SyncBatchNorm, VoxelTensor, convert_sync_batchnorm
 from relconv.voxel.sync_batch_norm import sync_batch_norm
 from tests.distributed.launch import run_ranks
 
@@ -15,6 +16,7 @@ CHANNELS = 6
 # legal as long as the global batch has two rows.
 CASES = [((37, 50), 0.1, False), ((23, 0), None, True), ((1, 1), 0.1, True)]
 STEPS = 2
+CONVERTERS = ("relconv", "torch")
 
 
 def _model(momentum, relu: bool) -> nn.Module:
@@ -63,11 +65,19 @@ def reference(sizes, momentum, relu, device: str) -> tuple[list, dict]:
     return steps, _stats(model)
 
 
-def synchronised(rank: int, world: int, device: str) -> list:
+def synchronised(rank: int, world: int, device: str) -> dict:
+    return {converter: _synchronised(rank, device, converter) for converter in CONVERTERS}
+
+
+def _synchronised(rank: int, device: str, converter: str) -> list:
     results = []
     for sizes, momentum, relu in CASES:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(_model(momentum, relu)).to(device).train()
-        assert isinstance(model[0].module, nn.SyncBatchNorm)
+        if converter == "relconv":
+            model = convert_sync_batchnorm(_model(momentum, relu)).to(device).train()
+            assert isinstance(model[0], SyncBatchNorm)
+        else:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(_model(momentum, relu)).to(device).train()
+            assert isinstance(model[0].module, nn.SyncBatchNorm)
         lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
         steps = []
         for s in range(STEPS):
@@ -96,21 +106,39 @@ def _check(results: list, device: str) -> None:
 
 
 def test_sync_batchnorm_matches_concatenated_batch_gloo():
-    _check(run_ranks(synchronised, 2, "cpu"), "cpu")
+    results = run_ranks(synchronised, 2, "cpu")
+    for converter in CONVERTERS:
+        _check([r[converter] for r in results], "cpu")
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_sync_batchnorm_matches_concatenated_batch_nccl():
-    # On CUDA the wrapper runs torch's SyncBatchNorm; the reference runs relconv's fused op.
-    _check(run_ranks(synchronised, 2, "cuda", backend="nccl"), "cuda")
+    # torch's converter runs torch's SyncBatchNorm kernels; the reference runs relconv's fused op.
+    results = run_ranks(synchronised, 2, "cuda", backend="nccl")
+    for converter in CONVERTERS:
+        _check([r[converter] for r in results], "cuda")
+
+
+def test_convert_sync_batchnorm_keeps_parameters_and_state_dict():
+    model = _model(0.1, True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    weight = model[0].module.weight
+    converted = convert_sync_batchnorm(model)
+    assert converted is model and isinstance(model[0], SyncBatchNorm)
+    assert model[0].module.weight is weight
+    assert model.state_dict().keys() == before.keys()
+    single = convert_sync_batchnorm(BatchNorm(3).eval())
+    assert isinstance(single, SyncBatchNorm) and not single.training
+    with pytest.raises(TypeError, match="module"):
+        convert_sync_batchnorm("model")
 
 
 def test_sync_batch_norm_rejects_bad_input():
     bn = nn.SyncBatchNorm(CHANNELS)
     with pytest.raises(ValueError, match="shape"):
         sync_batch_norm(torch.zeros(3, CHANNELS + 1), bn)
-    with pytest.raises(TypeError, match="SyncBatchNorm"):
-        sync_batch_norm(torch.zeros(3, CHANNELS), nn.BatchNorm1d(CHANNELS))
+    with pytest.raises(TypeError, match="BatchNorm1d or SyncBatchNorm"):
+        sync_batch_norm(torch.zeros(3, CHANNELS), nn.LayerNorm(CHANNELS))
     with pytest.raises(ValueError, match="training"):
         sync_batch_norm(torch.zeros(3, CHANNELS), bn.eval())
