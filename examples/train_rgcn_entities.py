@@ -149,11 +149,12 @@ def main(argv: list[str] | None = None) -> dict:
         with torch.no_grad():
             logits = model(edge_index, edge_type).index_select(0, films)
         per_split = {k: scores(logits[v.to(device)], labels[v.to(device)]) for k, v in split.items()}
-        history.append({"epoch": epoch + 1, "loss": float(loss), "seconds": seconds, **per_split})
+        loss = float(loss.detach())
+        history.append({"epoch": epoch + 1, "loss": loss, "seconds": seconds, **per_split})
         if best is None or per_split["val"]["micro_f1"] > best["val"]["micro_f1"]:
             best = history[-1]
         v = per_split["val"]
-        print(f"epoch {epoch + 1}: loss {float(loss):.4f} val micro-F1 {v['micro_f1']:.4f} {seconds:.3f} s")
+        print(f"epoch {epoch + 1}: loss {loss:.4f} val micro-F1 {v['micro_f1']:.4f} {seconds:.3f} s")
     result = {
         "graph": {"entities": num_nodes, "relations": len(relations), "edges": int(edge_type.numel())},
         "films": {k: int(v.numel()) for k, v in split.items()},
