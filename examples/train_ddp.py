@@ -167,6 +167,13 @@ def rule_choices() -> list:
     ]
 
 
+def summed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over rows. Written as log_softmax + gather because torch's NLLLoss on
+    CUDA refuses `torch.use_deterministic_algorithms(True)`; gather's backward has a deterministic
+    CUDA path."""
+    return -F.log_softmax(logits.float(), 1).gather(1, target[:, None]).sum()
+
+
 # ---------------------------------------------------------------------------- MinkUNet task
 
 GROUND, LOW, HIGH = 0, 1, 2
@@ -243,7 +250,7 @@ class VoxelTask:
             offset += len(v.tensor)
         logits = devoxelize(model(collate(voxels)), torch.cat(point_rows))
         target = torch.cat(labels)
-        summed = F.cross_entropy(logits, target, reduction="sum")
+        summed = summed_cross_entropy(logits, target)
         return summed, float(summed.detach()), target.numel()
 
 
@@ -329,7 +336,7 @@ class GraphTask:
             sub = batch.to(self.device)
             logits = model(sub.n_id, sub.edge_index, sub.edge_type)[: sub.batch_size]
             nodes = sub.n_id[: sub.batch_size]
-        summed = F.cross_entropy(logits, self.labels[nodes], reduction="sum")
+        summed = summed_cross_entropy(logits, self.labels[nodes])
         return summed, float(summed.detach()), nodes.numel()
 
 

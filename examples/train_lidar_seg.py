@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=4, help="blocks per step")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--width", type=float, default=0.5, help="MinkUNet channel multiplier")
     p.add_argument("--block", type=float, default=100.0, help="block edge in metres")
     p.add_argument("--voxel", type=float, default=2.0, help="voxel edge in metres")

@@ -21,14 +21,16 @@ def _example(name: str):
 
 @pytest.mark.slow
 def test_lidar_segmentation_smoke(tmp_path):
-    pytest.importorskip("laspy", reason="reading LAZ needs laspy (pip install relconv[examples])")
-    pytest.importorskip("lazrs", reason="reading LAZ needs lazrs (pip install relconv[examples])")
     example = _example("train_lidar_seg")
     argv = ["--device", "cpu", "--epochs", "1", "--width", "0.25", "--max-blocks", "4"]
     argv += ["--out", str(tmp_path)]
     try:
         (result,) = example.main(argv)
     except DataUnavailable as err:
+        pytest.skip(str(err))
+    except ImportError as err:  # tiles not decoded in the cache, and no laspy/lazrs to decode them
+        if "laspy" not in str(err):
+            raise
         pytest.skip(str(err))
     assert result["train_blocks"] == 4 and result["val_blocks"] == 4
     epoch = result["epochs"][0]
