@@ -52,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=4, help="blocks per step")
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="AdamW or SGD with momentum")
+    p.add_argument("--lr", type=float, default=0.002)
     p.add_argument("--width", type=float, default=0.5, help="MinkUNet channel multiplier")
     p.add_argument("--block", type=float, default=100.0, help="block edge in metres")
     p.add_argument("--voxel", type=float, default=2.0, help="voxel edge in metres")
@@ -194,7 +195,10 @@ def run_backend(backend: str, args, splits: dict, device: torch.device) -> dict:
             ref = reference(VoxelTensor(feats, coords))
             initial_diff = float((model(make_input(feats, coords, args.batch_size)) - ref).abs().max())
     del reference
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.epochs * steps_per_epoch)
     history = []
