@@ -23,6 +23,11 @@ GRAPH = ["--model", "rgcn", "--graph", "tiny", "--device", "cpu", "--hidden", "8
 NEIGHBOR = GRAPH + ["--sampler", "neighbor", "--batch-size", "8", "--num-neighbors", "4"]
 
 
+def _pythonpath() -> str:
+    """The checkout first (a torchrun child imports relconv from it), then the caller's path."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def _steps(n: int) -> list[str]:
     return ["--steps", str(n)]
 
@@ -108,7 +113,7 @@ def test_neighbor_loader_resume_is_bitwise(tmp_path):
 
 def test_torchrun_launch_matches_spawned_ranks(two_ranks, tmp_path):
     log = tmp_path / "log.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(EXAMPLE)]
     subprocess.run(cmd + VOXEL + _steps(STEPS) + ["--metrics", str(log)], check=True, env=env, timeout=300)
     result = json.loads(log.read_text())
@@ -122,7 +127,7 @@ GPU_GRAPH = ["--model", "rgcn", "--device", "cuda", "--graph", "AIFB", "--determ
 
 
 def _torchrun(args: list[str], nproc: int, out: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=_pythonpath())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     subprocess.run(cmd + [str(EXAMPLE)] + args + ["--metrics", str(out)], check=True, env=env, timeout=600)
     return json.loads(out.read_text())
