@@ -142,3 +142,15 @@ def test_sync_batch_norm_rejects_bad_input():
         sync_batch_norm(torch.zeros(3, CHANNELS), nn.LayerNorm(CHANNELS))
     with pytest.raises(ValueError, match="training"):
         sync_batch_norm(torch.zeros(3, CHANNELS), bn.eval())
+
+
+def test_sync_batchnorm_without_process_group_is_batchnorm():
+    # No process group (a plain single-process run): relconv's SyncBatchNorm is BatchNorm.
+    ref_steps, ref_stats = reference((20,), 0.1, True, "cpu")
+    model = convert_sync_batchnorm(_model(0.1, True)).train()
+    steps = [_run(model, *_batch(20, s, "cpu")) for s in range(STEPS)]
+    for got, ref in zip(steps, ref_steps, strict=True):
+        for key in ref:
+            torch.testing.assert_close(got[key], ref[key], rtol=0, atol=0)
+    for key, value in ref_stats.items():
+        torch.testing.assert_close(_stats(model)[key], value, rtol=0, atol=0)
