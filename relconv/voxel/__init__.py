@@ -16,6 +16,7 @@ from relconv.voxel.kernel_map import (
 )
 from relconv.voxel.nn import BatchNorm, Dropout, LeakyReLU, ReLU, Sequential, inference_folding
 from relconv.voxel.pool import AvgPool3d, GlobalAvgPool, GlobalMaxPool, MaxPool3d, global_pool, pool3d
+from relconv.voxel.sync_nn import SyncBatchNorm, convert_sync_batchnorm
 from relconv.voxel.tensor import MapCache, VoxelTensor, cat
 from relconv.voxel.voxelize import Voxelized, collate, devoxelize, voxelize
 
@@ -31,11 +32,13 @@ __all__ = [
     "MaxPool3d",
     "ReLU",
     "Sequential",
+    "SyncBatchNorm",
     "VoxelTensor",
     "Voxelized",
     "cat",
     "collate",
     "conv3d",
+    "convert_sync_batchnorm",
     "devoxelize",
     "fold_batchnorm",
     "fuse_conv_bn",

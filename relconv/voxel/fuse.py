@@ -21,8 +21,10 @@ def fold_batchnorm(conv: Conv3d, bn: nn.BatchNorm1d, relu: bool = False) -> Conv
     """A new Conv3d (with bias) computing `relu?(bn(conv(x)))` with BatchNorm in eval mode."""
     if not isinstance(conv, Conv3d):
         raise TypeError(f"conv must be a relconv.voxel.Conv3d, got {type(conv).__name__}")
-    if not isinstance(bn, nn.BatchNorm1d) or bn.running_mean is None or bn.running_var is None:
-        raise TypeError("bn must be a BatchNorm1d that tracks running statistics")
+    # A SyncBatchNorm folds as a BatchNorm1d does: in eval mode both normalise by running statistics.
+    norms = (nn.BatchNorm1d, nn.SyncBatchNorm)
+    if not isinstance(bn, norms) or bn.running_mean is None or bn.running_var is None:
+        raise TypeError("bn must be a BatchNorm1d or SyncBatchNorm that tracks running statistics")
     if bn.num_features != conv.out_channels:
         raise ValueError(f"bn has {bn.num_features} features but conv has {conv.out_channels} outputs")
     fused = copy.deepcopy(conv)

@@ -6,11 +6,13 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from relconv.ops.batch_norm import batch_norm_act
 from relconv.voxel.conv import Conv3d, _conv3d
 from relconv.voxel.fold import FoldCache
+from relconv.voxel.sync_batch_norm import sync_batch_norm, sync_group
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import registered
 
@@ -34,6 +36,14 @@ class BatchNorm(_FeatureWise):
     Its parameters and state (`module`) are torch's; on CUDA it runs as relconv's `batch_norm_act`
     op (two kernels a training forward and backward, one C++ autograd node), which also takes a
     following ReLU in `Sequential`.
+
+    Distributed training: `relconv.voxel.convert_sync_batchnorm(model)` turns every BatchNorm into
+    a `relconv.voxel.SyncBatchNorm` (any device and backend). `torch.nn.SyncBatchNorm.
+    convert_sync_batchnorm(model)` works too, on CUDA: it turns `module` into a torch SyncBatchNorm,
+    and in training with a process group of more than one rank the batch statistics then span all
+    ranks through torch's SyncBatchNorm itself (DistributedDataParallel refuses torch's
+    SyncBatchNorm in a CPU model; outside DDP, CPU input runs `relconv.voxel.sync_batch_norm`).
+    Evaluation and single-rank training keep the fused op.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
@@ -47,6 +57,13 @@ class BatchNorm(_FeatureWise):
     def normalise(self, feats: torch.Tensor, relu: bool) -> torch.Tensor:
         """`relu?(module(feats))`, the module's running statistics updated as torch updates them."""
         bn = self._modules["module"]  # the registries, not nn.Module.__getattr__ (see `registered`)
+        if isinstance(bn, nn.SyncBatchNorm) and bn.training and dist.is_available() and dist.is_initialized():
+            if not feats.is_cuda:
+                out = sync_batch_norm(feats, bn)
+                return torch.relu(out) if relu else out
+            if sync_group(bn.process_group)[1] > 1:
+                out = bn(feats)
+                return torch.relu(out) if relu else out
         # momentum=None (a cumulative average) divides by num_batches_tracked on the host: torch's way.
         if not feats.is_cuda or bn.momentum is None:
             out = bn(feats)
@@ -130,7 +147,7 @@ def bn_relu_pairs(children: list[nn.Module]) -> list:
     i = 0
     while i < len(children):
         m = children[i]
-        if type(m) is BatchNorm and i + 1 < len(children) and isinstance(children[i + 1], ReLU):
+        if isinstance(m, BatchNorm) and i + 1 < len(children) and isinstance(children[i + 1], ReLU):
             out.append((m,))
             i += 2
         else:
