@@ -41,6 +41,9 @@ BATCH_BITS = 62 - 3 * KEY_BITS
 # covers a tensor stride times kernel reach up to this many voxels.
 MARGIN = 1024
 
+# Voxels per exported scene.
+MAX_VOXELS = 1 << 24
+
 _MULT = (1 << (3 * KEY_BITS), 1 << (2 * KEY_BITS), 1 << KEY_BITS, 1)
 
 
@@ -128,6 +131,9 @@ def build_voxel_maps(coords: Tensor, keys: list[tuple]) -> MapCache:
                 # run-time size is not 0, which layers that special-case empty inputs (BatchNorm)
                 # would otherwise have to decide on the host.
                 torch._check(out_coords.shape[0] > 0)
+                # And never larger than its input: bounds the sizes derived from it (a map's pair
+                # count) so that AOTInductor's size checks stay within int64.
+                torch._check(out_coords.shape[0] <= in_coords.shape[0])
                 cache.coords[out_ts] = out_coords
             step = tuple(di * t for di, t in zip(d, ts, strict=True))
             offsets = _step_offsets(k, step, coords.device)
@@ -157,11 +163,14 @@ def voxel_map_keys(model: nn.Module, feats: Tensor, coords: Tensor) -> list[tupl
 
 def voxel_export_check(coords: Tensor) -> None:
     """Raises ValueError unless `coords` ([N, 4] int32) meet what the exported builders assume: unique
-    rows, batch indices in [0, 2^BATCH_BITS), each axis' extent within the key field (eager)."""
+    rows, 2 to MAX_VOXELS of them, batch indices in [0, 2^BATCH_BITS), each axis' extent within the
+    key field (eager)."""
     if coords.dim() != 2 or coords.shape[1] != 4 or coords.dtype != torch.int32:
         raise ValueError(f"coords must be int32 [N, 4], got {coords.dtype} {tuple(coords.shape)}")
-    if coords.shape[0] == 0:
-        raise ValueError("coords must hold at least one voxel")
+    if not 2 <= coords.shape[0] <= MAX_VOXELS:
+        raise ValueError(
+            f"coords must hold 2 to {MAX_VOXELS} voxels (the exported size range), got {coords.shape[0]}"
+        )
     lo, hi = (v.tolist() for v in torch.aminmax(coords.long(), dim=0))
     if lo[0] < 0 or hi[0] >= 1 << BATCH_BITS:
         raise ValueError(f"coords batch indices must lie in [0, {1 << BATCH_BITS}), got [{lo[0]}, {hi[0]}]")
@@ -191,11 +200,15 @@ class VoxelExport(nn.Module):
 
 
 # ---------------------------------------------------------------------------- R-GCN graphs
-def build_graph_map(edge_index: Tensor, edge_type: Tensor, num_nodes, num_relations: int, aggr: str) -> RGCNMap:
+def build_graph_map(
+    edge_index: Tensor, edge_type: Tensor, num_nodes, num_relations: int, aggr: str
+) -> RGCNMap:
     """The `RGCNMap` of `relconv.graph.build_rgcn_map` ("mean" or "sum") from tensors alone: pairs
     sorted by (relation, target), each mean scale 1 / (edges into its (target, relation) slot)."""
     if aggr not in ("mean", "sum"):
-        raise NotImplementedError(f"aggr={aggr!r}: only 'mean' and 'sum' graphs build inside an exported graph")
+        raise NotImplementedError(
+            f"aggr={aggr!r}: only 'mean' and 'sum' graphs build inside an exported graph"
+        )
     src, dst, rel = edge_index[0], edge_index[1], edge_type.long()
     key, perm = torch.sort(rel * num_nodes + dst, stable=True)
     bounds = torch.arange(num_relations + 1, device=key.device) * num_nodes
@@ -230,7 +243,9 @@ def export_minkunet(model: nn.Module, feats: Tensor, coords: Tensor) -> torch.ex
     """`torch.export` of a voxel network (eval mode) as `(feats, coords) -> output` with a dynamic
     voxel count; maps built in the graph (see the module docstring for the input contract)."""
     wrapper = VoxelExport(model.eval(), voxel_map_keys(model, feats, coords))
-    n = torch.export.Dim("num_voxels", min=2, max=(1 << 31) - 1)
+    # The bound keeps the size expressions AOTInductor prints (products of run-time sizes, e.g. a
+    # level's pair count against the voxel count) within int64.
+    n = torch.export.Dim("num_voxels", min=2, max=MAX_VOXELS)
     # Without autograd and without the eval-mode BatchNorm folding: the folded parameters are a
     # cache on the modules, which a trace must not fill.
     with torch.no_grad(), inference_folding(False):
@@ -246,4 +261,6 @@ def export_rgcn(
     n = torch.export.Dim("num_nodes", min=2, max=(1 << 31) - 1)
     e = torch.export.Dim("num_edges", min=2, max=(1 << 31) - 1)
     with torch.no_grad():
-        return torch.export.export(wrapper, (x, edge_index, edge_type), dynamic_shapes=({0: n}, {1: e}, {0: e}))
+        return torch.export.export(
+            wrapper, (x, edge_index, edge_type), dynamic_shapes=({0: n}, {1: e}, {0: e})
+        )

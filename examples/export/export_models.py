@@ -56,7 +56,7 @@ def scene(device: torch.device, beams: int, voxel_size: float) -> tuple[torch.Te
     points, intensity = raycast_scan(beams=beams, seed=0)
     points = torch.from_numpy(points)
     feats = torch.cat([points, torch.from_numpy(intensity)[:, None]], 1)
-    voxels = voxelize(points, voxel_size, feats=feats).voxels
+    voxels = voxelize(points, voxel_size, feats=feats).tensor
     return voxels.feats.to(device), voxels.coords.to(device)
 
 
