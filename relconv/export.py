@@ -15,7 +15,7 @@ from tensors alone, so that an exported program takes `(feats, coords)` and deri
   so the model code runs unchanged.
 
 The exported builders trust their input as eager voxelisation leaves it: coordinates unique per
-(batch, x, y, z) row, batch indices in [0, 2^BATCH_BITS), and each axis' extent below
+(batch, x, y, z) row, 2 to MAX_VOXELS rows, batch indices in [0, 2^BATCH_BITS), and each axis' extent below
 2^KEY_BITS - 2 * MARGIN. They do not check it (a check would be a host read). `voxel_export_check`
 checks a scene eagerly before it is fed to an exported program.
 
