@@ -57,8 +57,10 @@ def _map(in_index: Tensor, out_index: Tensor, rel_ptr: Tensor, num_in, num_out, 
     rmap.scale = scale
     rmap.num_in, rmap.num_out = num_in, num_out
     rmap.num_relations = rel_ptr.shape[0] - 1
-    rmap.injective = scale is None
-    rmap.unique_slots = rmap.injective
+    # Not flagged as tables: a CUDA table forward sizes its schedule from float(num_out) on the
+    # host (`relconv.ops.relational_conv.table_work`), which a run-time size cannot give. The maps
+    # run the pair kernels on every device.
+    rmap.injective = rmap.unique_slots = False
     rmap.index_dtype, rmap.device = in_index.dtype, in_index.device
     rmap._cache = {}
     return rmap
