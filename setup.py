@@ -1,7 +1,11 @@
-"""Builds the single extension `relconv._C`.
+"""Builds the extension `relconv._C` and, on request, the Python-free ops library.
 
 CPU kernels are always compiled. CUDA kernels are added when torch sees a GPU or FORCE_CUDA=1 is set
 (and a CUDA toolkit is found); TORCH_CUDA_ARCH_LIST and MAX_JOBS are honoured by torch's builder.
+
+RELCONV_BUILD_OPS_LIB=1 also links relconv/lib/librelconv_ops.so: the op schemas and kernels without
+the pybind11 module, for C++ programs that run exported relconv models (docs/deployment.md). It is
+linked from the objects compiled for `relconv._C` (no second compile) and needs libtorch only.
 """
 
 import glob
@@ -41,7 +45,12 @@ def _cutlass_include() -> str:
 
 
 def _extension():
-    sources = ["csrc/library.cpp", *_sources("csrc/dispatch/*.cpp"), *_sources("csrc/cpu/*.cpp")]
+    sources = [
+        "csrc/library.cpp",
+        "csrc/python_module.cpp",
+        *_sources("csrc/dispatch/*.cpp"),
+        *_sources("csrc/cpu/*.cpp"),
+    ]
     include_dirs = [os.path.join(ROOT, "csrc")]
     # at::parallel_for is an inline OpenMP loop: without -fopenmp every CPU parallel loop runs on one
     # thread. The OpenMP runtime that loads is torch's own libgomp, so torch.set_num_threads applies.
@@ -77,7 +86,48 @@ def _extension():
     )
 
 
+# Sources that bind to Python; every other source only registers ops with the dispatcher.
+PYTHON_SOURCES = {"csrc/python_module.cpp", "csrc/dispatch/conv_plan.cpp"}
+OPS_LIBRARY = os.path.join("relconv", "lib", "librelconv_ops.so")
+
+
+def _with_ops_library() -> bool:
+    return os.environ.get("RELCONV_BUILD_OPS_LIB", "0") == "1"
+
+
+class BuildWithOpsLibrary(BuildExtension):
+    """torch's builder, plus the ops library linked from `relconv._C`'s objects when requested."""
+
+    def build_extension(self, ext) -> None:
+        super().build_extension(ext)
+        if _with_ops_library():
+            self._link_ops_library(ext)
+
+    def run(self) -> None:
+        super().run()
+        # An in-place build links into build_lib, then copies the extensions to the source tree
+        # (setuptools): the ops library follows them.
+        if self.inplace and _with_ops_library():
+            self.mkpath(os.path.join(ROOT, "relconv", "lib"))
+            self.copy_file(os.path.join(self.build_lib, OPS_LIBRARY), os.path.join(ROOT, OPS_LIBRARY))
+
+    def _link_ops_library(self, ext) -> None:
+        sources = [s for s in ext.sources if s not in PYTHON_SOURCES]
+        objects = self.compiler.object_filenames(sources, output_dir=self.build_temp)
+        output = os.path.join(self.build_lib, OPS_LIBRARY)
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+        # --no-undefined: a symbol left for libpython to provide fails the link here, not the loader.
+        self.compiler.link_shared_object(
+            objects,
+            output,
+            libraries=[lib for lib in ext.libraries if lib != "torch_python"],
+            library_dirs=ext.library_dirs,
+            extra_postargs=[*ext.extra_link_args, "-Wl,--no-undefined"],
+            target_lang="c++",
+        )
+
+
 setup(
     ext_modules=[_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildWithOpsLibrary.with_options(use_ninja=True)},
 )

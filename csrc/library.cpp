@@ -1,4 +1,6 @@
-// Every relconv op schema, and the pybind11 module that makes `relconv._C` importable.
+// Every relconv op schema (the pybind11 module that makes `relconv._C` importable is
+// python_module.cpp: this file and the kernels stay free of Python, so that they also link into
+// the Python-free ops library, see setup.py).
 //
 // Shapes (G = groups, R = relations, P = pairs):
 //   x        [N_in, G * C_in_g]
@@ -78,12 +80,7 @@
 //   batch_norm_act_backward(...) -> (grad_x, grad_weight, grad_bias): the outputs left out by
 //            output_mask are empty; grad_weight / grad_bias are in the parameter dtype. Not itself
 //            differentiable (the autograd node makes a double backward raise).
-#include <torch/extension.h>
 #include <torch/library.h>
-
-#include "common/build_info.h"
-#include "dispatch/conv_plan.h"
-#include "dispatch/ops.h"
 
 TORCH_LIBRARY(relconv, m) {
   m.def(
@@ -117,26 +114,4 @@ TORCH_LIBRARY(relconv, m) {
       "batch_norm_act_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, "
       "Tensor? running_mean, Tensor? running_var, Tensor save_mean, Tensor save_invstd, bool training, "
       "float eps, bool relu, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
-}
-
-namespace {
-
-template <typename R, typename... Args>
-void def_direct(pybind11::module_& m, const char* name, const c10::TypedOperatorHandle<R(Args...)>& op) {
-  m.def(name, [&op](Args... args) -> R { return op.call(std::forward<Args>(args)...); });
-}
-
-}  // namespace
-
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "relconv C++/CUDA kernels; the ops live in torch.ops.relconv";
-  m.def("cuda_version", &relconv::built_cuda_version,
-        "CUDA version the extension was compiled with (major*1000 + minor*10), or -1 for a CPU build");
-  // The per-layer ops called straight from Python (relconv.ops uses them outside torch.compile and
-  // without __torch_function__ overrides): a typed dispatcher call, the same kernels at every dispatch
-  // key, without torch.ops' boxed argument parsing, which cost ~1.7 us of the ~2.6 us of an empty
-  // relational_conv call on a CPU host (13 arguments).
-  def_direct(m, "relational_conv", relconv::conv_op());
-  def_direct(m, "batch_norm_act", relconv::batch_norm_op());
-  relconv::def_conv_plan(m);
 }

@@ -88,7 +88,7 @@ def _forward_entry(
     else:
         key = ("submanifold", ts, k, d) if s == (1, 1, 1) else ("strided", ts, k, s, d)
     entry = x.cache.maps.get(key)
-    if entry is not None and entry.in_coords.shape[0] == len(x):
+    if entry is not None and entry.in_coords.shape[0] == x.feats.shape[0]:
         return entry
     if generative:  # the torch path: no CUDA hash table to share
         rmap, out = km.generative_map(x.coords, k, s, d, ts)
@@ -120,7 +120,7 @@ def _downsampling_entry_for_transpose(x: VoxelTensor, k: Triple, s: Triple, d: T
     out_ts = tuple(t // si for t, si in zip(ts, s, strict=True))
     key = ("strided", out_ts, k, s, d) if s != (1, 1, 1) else ("submanifold", out_ts, k, d)
     entry = x.cache.maps.get(key)
-    if entry is not None and entry.out_coords.shape[0] == len(x):
+    if entry is not None and entry.out_coords.shape[0] == x.feats.shape[0]:
         return entry
     fine = x.cache.coords.get(out_ts)
     if fine is None:
@@ -148,7 +148,7 @@ def _transposed(entry: MapEntry) -> RelationalMap:
 def _reuse_named(x: VoxelTensor, entry: MapEntry, name: str, transposed: bool) -> tuple:
     expected = entry.out_coords.shape[0] if transposed else entry.in_coords.shape[0]
     side = "output" if transposed else "input"
-    if expected != len(x):
+    if expected != x.feats.shape[0]:
         raise ValueError(
             f"indice_key {name!r} names a map whose {side} has {expected} voxels, but the input has "
             f"{len(x)}; a transposed conv reuses the map of the strided conv it inverts"

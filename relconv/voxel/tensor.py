@@ -138,7 +138,7 @@ class VoxelTensor:
 
     def replace_feature(self, feats: Tensor) -> VoxelTensor:
         """Same coordinates, stride and map cache with new features `[N, C']`."""
-        if not isinstance(feats, Tensor) or feats.dim() != 2 or feats.shape[0] != len(self):
+        if not isinstance(feats, Tensor) or feats.dim() != 2 or feats.shape[0] != self.feats.shape[0]:
             shape = tuple(feats.shape) if isinstance(feats, Tensor) else type(feats).__name__
             raise ValueError(f"feats must have shape [{len(self)}, C], got {shape}")
         if feats.device != self.device:
