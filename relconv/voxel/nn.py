@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from relconv.ops.batch_norm import batch_norm_act
-from relconv.voxel.conv import Conv3d, _conv3d
+from relconv.ops import batch_norm_act
+from relconv.voxel.conv import Conv3d, run_layer
 from relconv.voxel.fold import FoldCache
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import registered
@@ -174,7 +174,7 @@ class Sequential(nn.Sequential):
                     x = relu(x) if relu is not None else x
                     continue
                 w, b = cache.get(conv, norm, x.feats)
-                x = _conv3d(
+                x = run_layer(
                     x,
                     w,
                     conv.kernel_size,
