@@ -157,6 +157,14 @@ constexpr const char* family_name(Config c) {
     case Config::kWgmma256:
     case Config::kWgmma128:
     case Config::kWgmma64: return "table_wgmma";
+    case Config::kTableMmaTall64:
+    case Config::kTableMmaWide64:
+    case Config::kTableMmaWide128:
+    case Config::kTableMmaWide256:
+    case Config::kTableMma16:
+    case Config::kTableMma32:
+    case Config::kTableMma64:
+    case Config::kTableMma128: return "table_mma_sync";
     case Config::kTableExact16:
     case Config::kTableExact32: return "table_exact_fp32";
     case Config::kTableSimt32:
@@ -175,7 +183,7 @@ constexpr const char* family_name(Config c) {
     case Config::kWeightGradMma128: return "weight_grad_mma";
     case Config::kWeightGradSimt32:
     case Config::kWeightGradSimt64: return "weight_grad_simt";
-    default: return "table_mma_sync";
+    default: return "unknown";
   }
 }
 
@@ -244,6 +252,7 @@ TableChoice wgmma_table(const TableProblem& p, const Device& dev, Sm90aBuilt&& s
   // C_out_g 64: mma.sync with weight slabs through L1 (64 x 64 tiles) beats the single-role
   // kernel: 32-beam 25.4 -> 19.2 us, real scan 27.0 -> 25.4, 64-beam 38.8 -> 36.9.
   if (p.cout_g == 64) return c;
+  // Both wgmma kernels read a W^T view (the input gradient's weight) as stored.
   c.reads_weight_t = p.weight_t;
   if (p.cout_g % 128 == 0) {
     // Persistent kernel at C_out_g multiples of 128 wherever the split kernel would not split, at

@@ -264,6 +264,10 @@ class RelationalMap:
         for the exact lists."""
         return _view("kernel_pairs")(self)
 
+    def pair_lists(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(in_index, out_index, rel_ptr), materialised from the table first if need be."""
+        return self._pairs()
+
     def _pairs(self) -> tuple[Tensor, Tensor, Tensor]:
         if self._in_index is None:
             self._in_index, self._out_index, self._rel_ptr = pairs_from_table(self._cache["neighbor_table"])

@@ -59,7 +59,7 @@ def kernel_pairs(rmap: RelationalMap) -> tuple[Tensor, Tensor, Tensor]:
     -1 to `num_out * R` entries (`relconv::table_pairs`, cached): the kernels read pairs only
     through rel_ptr, so no host sync is needed to size them."""
     if rmap.has_pairs or rmap.device.type != "cuda":
-        return rmap.in_index, rmap.out_index, rmap.rel_ptr
+        return rmap.pair_lists()
     return _padded_pairs(rmap, rmap.neighbor_table())
 
 
@@ -156,9 +156,13 @@ def conv_views(
     (neighbour table, its order, transposed table, its order, in_index, out_index, rel_ptr). The
     orders once the map's table forwards (input gradients) have done SORT_WORK, None before; the
     pairs padded (kernel_pairs), or absent when no kernel of the call reads them."""
-    order = back = back_order = None
+    if not table and not transposed:  # the pair kernels: the pairs as they are, or padded
+        if rmap.has_pairs or rmap.device.type != "cuda":
+            return (None, None, None, None, *rmap.pair_lists())
+        return (None, None, None, None, *_padded_pairs(rmap, rmap.neighbor_table()))
     # The one read of the map's table: the views below are all derived from it.
-    fwd = rmap.neighbor_table() if table or transposed or (pairs and not rmap.has_pairs) else None
+    fwd = rmap.neighbor_table()
+    order = back = back_order = None
     if table:
         forwards = table_work(rmap.num_out, weight)
         order = _order_once_worth(rmap, "table_order", "table_work", lambda: fwd, forwards, SORT_WORK)
@@ -171,8 +175,8 @@ def conv_views(
     if not pairs:
         return (fwd, order, back, back_order, *absent_pairs(rmap))
     if rmap.has_pairs or rmap.device.type != "cuda":
-        return (fwd if table else None, order, back, back_order, rmap.in_index, rmap.out_index, rmap.rel_ptr)
-    return (fwd if table else None, order, back, back_order, *_padded_pairs(rmap, fwd))
+        return (fwd, order, back, back_order, *rmap.pair_lists())
+    return (fwd, order, back, back_order, *_padded_pairs(rmap, fwd))
 
 
 core.install_view_builders(

@@ -21,7 +21,7 @@ from relconv.ops.dataflow import Dataflow
 
 # Exact fp32 layers up to this many output channels per group run output-stationary under AUTO: one
 # launch and no pair lists, and a pipelined kernel that beats fetch-on-demand's there (measurements at
-# csrc/cuda/conv_launch.cuh, forward_table_by_width).
+# csrc/common/kernel_choice.h, table_kernel).
 EXACT_TABLE_MAX_CHANNELS = 32
 
 
