@@ -266,7 +266,9 @@ class RelationalMap:
 
     def pair_lists(self) -> tuple[Tensor, Tensor, Tensor]:
         """(in_index, out_index, rel_ptr), materialised from the table first if need be."""
-        return self._pairs()
+        if self._in_index is None:
+            self._pairs()
+        return self._in_index, self._out_index, self._rel_ptr
 
     def _pairs(self) -> tuple[Tensor, Tensor, Tensor]:
         if self._in_index is None:

@@ -149,23 +149,18 @@ def transposed_table_order(rmap: RelationalMap, work: float = 1.0, threshold: fl
     )
 
 
-def conv_views(
-    rmap: RelationalMap, weight: Tensor, table: bool, transposed: bool, pairs: bool
-) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor, Tensor, Tensor]:
-    """The views one relational_conv call passes, as `relconv.ops.planning.decide` chose them:
-    (neighbour table, its order, transposed table, its order, in_index, out_index, rel_ptr). The
-    orders once the map's table forwards (input gradients) have done SORT_WORK, None before; the
-    pairs padded (kernel_pairs), or absent when no kernel of the call reads them."""
-    if not table and not transposed:  # the pair kernels: the pairs as they are, or padded
-        if rmap.has_pairs or rmap.device.type != "cuda":
-            return (None, None, None, None, *rmap.pair_lists())
-        return (None, None, None, None, *_padded_pairs(rmap, rmap.neighbor_table()))
+def table_views(
+    rmap: RelationalMap, weight: Tensor, transposed: bool, pairs: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor, Tensor, Tensor]:
+    """The views a table forward passes, as `relconv.ops.planning.decide` chose them: (neighbour
+    table, its order, transposed table, its order, in_index, out_index, rel_ptr). The orders once
+    the map's table forwards (input gradients) have done SORT_WORK, None before; the pairs padded
+    (kernel_pairs), or absent when no kernel of the call reads them."""
     # The one read of the map's table: the views below are all derived from it.
     fwd = rmap.neighbor_table()
-    order = back = back_order = None
-    if table:
-        forwards = table_work(rmap.num_out, weight)
-        order = _order_once_worth(rmap, "table_order", "table_work", lambda: fwd, forwards, SORT_WORK)
+    forwards = table_work(rmap.num_out, weight)
+    order = _order_once_worth(rmap, "table_order", "table_work", lambda: fwd, forwards, SORT_WORK)
+    back = back_order = None
     if transposed:
         back = _transposed_table(rmap, fwd)
         gradients = table_work(rmap.num_in, weight)

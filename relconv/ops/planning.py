@@ -65,13 +65,6 @@ def compute_dtype_for(dtype: torch.dtype, like: Tensor) -> torch.dtype:
     return dtype
 
 
-def _stationary(
-    rmap: RelationalMap, dtype: torch.dtype, dataflow: Dataflow, c_out_g: int, unique: bool
-) -> bool:
-    flow = resolve_dataflow(dataflow, dtype, unique, rmap.scale is not None, c_out_g)
-    return flow is Dataflow.OUTPUT_STATIONARY
-
-
 def decide(
     rmap: RelationalMap,
     x: Tensor,
@@ -80,8 +73,10 @@ def decide(
     c_out_g: int,
     x_grad: bool,
     w_grad: bool,
+    cuda: bool | None = None,
 ) -> tuple[torch.dtype, bool, bool, bool]:
-    """(compute dtype, table forward, table input gradient, pairs passed) of one call.
+    """(compute dtype, table forward, table input gradient, pairs passed) of one call on x's device
+    (`cuda` True: as on a GPU, for `plan`).
 
     - table forward: a CUDA call runs output-stationary over the neighbour table (`resolve_dataflow`).
     - table input gradient: the input gradient of a table forward runs the table kernel too when the
@@ -92,13 +87,24 @@ def decide(
       autograd will read them (the weight gradient always, the input gradient when it has no
       transposed table; the bias gradient needs none).
     """
-    cuda = x.is_cuda
-    # Only a CUDA forward runs a table, but a forced choice the map cannot run raises on the CPU too;
-    # resolving AUTO on the CPU decides nothing and costs ~1 us per call.
-    resolve = cuda or dataflow is not Dataflow.AUTO
-    dtype = compute_dtype_for(x.dtype, x) if resolve else x.dtype
-    table = resolve and _stationary(rmap, dtype, dataflow, c_out_g, rmap.unique_slots) and cuda
-    dgrad = table and x_grad and rmap.injective and _stationary(rmap, dtype, dataflow, c_in_g, True)
+    if cuda is None:
+        cuda = x.is_cuda
+    # The CPU kernel has one dataflow: AUTO decides nothing there (resolving it cost ~1 us per call),
+    # while a forced choice the map cannot run raises on every device.
+    if not cuda and dataflow is Dataflow.AUTO:
+        return x.dtype, False, False, True
+    dtype = compute_dtype_for(x.dtype, x)
+    scaled = rmap.scale is not None
+    stationary = Dataflow.OUTPUT_STATIONARY
+    table = resolve_dataflow(dataflow, dtype, rmap.unique_slots, scaled, c_out_g) is stationary
+    if not cuda:
+        return dtype, False, False, True
+    dgrad = (
+        table
+        and x_grad
+        and rmap.injective
+        and resolve_dataflow(dataflow, dtype, True, scaled, c_in_g) is stationary
+    )
     pairs = not table or w_grad or (x_grad and not dgrad) or rmap.has_pairs
     return dtype, table, dgrad, pairs
 
@@ -173,11 +179,8 @@ def plan(
     if cuda and arch is None:
         props = torch.cuda.get_device_properties(x.device)
         arch, sms = (props.major, props.minor), props.multi_processor_count
-    dtype = compute_dtype_for(x.dtype, x)
+    dtype, table, dgrad, pairs = decide(rmap, x, dataflow, c_in_g, c_out_g, x_grad, w_grad, cuda)
     if not cuda:
-        # The CPU kernel has one dataflow; a forced choice the map cannot run raises all the same.
-        if dataflow is not Dataflow.AUTO:
-            resolve_dataflow(dataflow, dtype, rmap.unique_slots, rmap.scale is not None, c_out_g)
         views = ("pairs",)
         return ConvPlan(
             "cpu",
@@ -189,9 +192,6 @@ def plan(
             "cpu kernel" if x_grad else None,
             "cpu kernel" if w_grad else None,
         )
-    table = _stationary(rmap, dtype, dataflow, c_out_g, rmap.unique_slots)
-    dgrad = table and x_grad and rmap.injective and _stationary(rmap, dtype, dataflow, c_in_g, True)
-    pairs = not table or w_grad or (x_grad and not dgrad) or rmap.has_pairs
     flow = Dataflow.OUTPUT_STATIONARY if table else Dataflow.FETCH_ON_DEMAND
     why = _why(rmap, dtype, dataflow, c_out_g, table)
     device = f"cuda sm_{arch[0]}{arch[1]}"

@@ -168,9 +168,13 @@ def conv_call(
     _, table_fwd, table_dgrad, pairs = decide(
         rmap, x, dataflow, c_in // groups, c_out // groups, x_grad, w_grad
     )
-    table, order, transposed, transposed_order, in_index, out_index, rel_ptr = views.conv_views(
-        rmap, weight, table_fwd, table_dgrad, pairs
-    )
+    if table_fwd:
+        table, order, transposed, transposed_order, in_index, out_index, rel_ptr = views.table_views(
+            rmap, weight, table_dgrad, pairs
+        )
+    else:
+        table = order = transposed = transposed_order = None
+        in_index, out_index, rel_ptr = views.kernel_pairs(rmap)
     args = _new_args(
         ConvArgs,
         (
