@@ -212,18 +212,18 @@ class Conv3d(nn.Module):
         if not isinstance(x, VoxelTensor):
             raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
         weight, bias = registered(self, "weight"), registered(self, "bias")
-        cache = x.cache
-        plan = self._prepared.get(id(cache))
-        if (
-            plan is not None
-            and plan.run is not None
-            and plan.cache() is cache
-            and plan.in_stride == x.stride
-            and direct_ok((x.feats, weight, bias))
-        ):
-            out = plan.run(x.feats, weight, bias)
-            if out is not None:
-                return VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, cache)
+        if direct_ok((x.feats, weight, bias)):
+            cache = x.cache
+            plan = self._prepared.get(id(cache))
+            if (
+                plan is not None
+                and plan.run is not None
+                and plan.cache() is cache
+                and plan.in_stride == x.stride
+            ):
+                out = plan.run(x.feats, weight, bias)
+                if out is not None:
+                    return VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, cache)
         # Arguments were validated and normalised in __init__: the per-call path does no re-checking.
         return run_layer(
             x,
