@@ -87,7 +87,11 @@ def _extension():
 
 
 # Sources that bind to Python; every other source only registers ops with the dispatcher.
-PYTHON_SOURCES = {"csrc/python_module.cpp", "csrc/dispatch/conv_plan.cpp"}
+PYTHON_SOURCES = {
+    "csrc/python_module.cpp",
+    "csrc/dispatch/prepared_conv.cpp",
+    "csrc/dispatch/kernel_choice_py.cpp",
+}
 OPS_LIBRARY = os.path.join("relconv", "lib", "librelconv_ops.so")
 
 

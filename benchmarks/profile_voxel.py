@@ -65,7 +65,7 @@ def table_stats(scene, tile: int = 64) -> None:
     """Neighbour counts and how many (tile of `tile` outputs, relation) slots hold any neighbour: the
     work the output-stationary kernel cannot skip."""
     from relconv.voxel import VoxelTensor
-    from relconv.voxel.maps import layer_map
+    from relconv.voxel.kernel_map import layer_map
 
     x = VoxelTensor(torch.zeros(len(scene.coords), 1, device="cuda"), scene.coords)
     rmap = layer_map(x, (3, 3, 3), (1, 1, 1), (1, 1, 1)).rmap

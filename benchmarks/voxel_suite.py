@@ -165,7 +165,7 @@ def _named(specs: list[dict]) -> list[dict]:
 def _layer_work(spec: dict, scene: Scene, device: torch.device, build_map: bool):
     """Floor model of a layer from relconv's own map (pairs, sites)."""
     from relconv.voxel import VoxelTensor
-    from relconv.voxel.maps import layer_map
+    from relconv.voxel.kernel_map import layer_map
 
     op = OPS[spec["op"]]
     k, s, transposed = op.kernel, op.stride, op.transposed
@@ -188,7 +188,7 @@ def _layer_work(spec: dict, scene: Scene, device: torch.device, build_map: bool)
 
 def _map_case(spec: dict, scene: Scene, device: torch.device) -> Prepared:
     from relconv.voxel import VoxelTensor
-    from relconv.voxel.maps import layer_map
+    from relconv.voxel.kernel_map import layer_map
 
     k, s = OPS[spec["op"]].kernel, OPS[spec["op"]].stride
     zeros = torch.zeros(len(scene.coords), 1, device=device)

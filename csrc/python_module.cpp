@@ -3,7 +3,8 @@
 #include <torch/extension.h>
 
 #include "common/build_info.h"
-#include "dispatch/conv_plan.h"
+#include "dispatch/kernel_choice_py.h"
+#include "dispatch/prepared_conv.h"
 #include "dispatch/ops.h"
 
 namespace {
@@ -25,5 +26,6 @@ PYBIND11_MODULE(_C, m) {
   // relational_conv call on a CPU host (13 arguments).
   def_direct(m, "relational_conv", relconv::conv_op());
   def_direct(m, "batch_norm_act", relconv::batch_norm_op());
-  relconv::def_conv_plan(m);
+  relconv::def_prepared_conv(m);
+  relconv::def_kernel_choice(m);
 }

@@ -1,7 +1,7 @@
 """`torch.export` of relconv networks: kernel maps built inside the exported graph.
 
 relconv's eager map builders read coordinate bounds and duplicate checks back to the host
-(`relconv.voxel.keys.bounds`, the packing's range checks, `RelationalMap`'s int sizes), and the
+(`relconv.voxel.kernel_map.bounds`, the packing's range checks, `RelationalMap`'s int sizes), and the
 voxel network finds its maps in a `MapCache` kept on the tensors. Host reads of device values cannot
 be traced: `torch.export` of `MinkUNet` over `VoxelTensor(feats, coords)` stops at the first of them
 (`make_packing`'s `lo[0] < 0`, a guard on a data-dependent value). This module builds the same maps
@@ -30,9 +30,9 @@ from torch import Tensor, nn
 
 from relconv.core import RelationalMap
 from relconv.graph.graph_map import RGCNMap
-from relconv.voxel.kernel_map import kernel_offsets
+from relconv.voxel.kernel_map import MapCache, MapEntry, kernel_offsets
 from relconv.voxel.nn import inference_folding
-from relconv.voxel.tensor import MapCache, MapEntry, VoxelTensor
+from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import Triple
 
 KEY_BITS = 18
@@ -106,7 +106,7 @@ def _step_offsets(kernel_size: Triple, step: Triple, device: torch.device) -> Te
 
 def build_voxel_maps(coords: Tensor, keys: list[tuple]) -> MapCache:
     """A `MapCache` over `coords` (tensor stride 1) holding the maps named by `keys` (the
-    submanifold and strided keys of `relconv.voxel.maps`), built from tensors alone."""
+    submanifold and strided keys of `relconv.voxel.kernel_map`), built from tensors alone."""
     packing = _Packing(coords)
     cache = MapCache()
     cache.coords[(1, 1, 1)] = coords

@@ -33,7 +33,7 @@ from benchmarks.harness.report import environment
 from benchmarks.harness.timing import TimingConfig, measure
 from relconv import RelationalMap
 from relconv.core.relational_map import index_dtype_for
-from relconv.ops.dataflow import Dataflow, resolve_dataflow
+from relconv.ops import Dataflow, resolve_dataflow
 from relconv.ops.reference import relational_conv_reference
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}

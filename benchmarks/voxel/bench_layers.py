@@ -25,7 +25,7 @@ from benchmarks.harness.report import environment
 from benchmarks.harness.timing import TimingConfig, measure
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import VoxelTensor, conv3d, voxelize
-from relconv.voxel.maps import layer_map
+from relconv.voxel.kernel_map import layer_map
 from relconv.voxel.models import MinkUNet
 from relconv.voxel.synthetic import raycast_scan
 

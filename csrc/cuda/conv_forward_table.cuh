@@ -272,7 +272,7 @@ struct TableMmaSmem {
 // [BN][BK] slabs of its rows, so the input gradient needs no transposed copy of the weight (a launch
 // and an allocation per backward); the products and their order are the same as over the copy.
 // H100, the input gradient of the 64-beam scan's C64 fp16 layer: host 23-25 -> 11-13 us per op call,
-// GPU time unchanged (gpu_checks/session18_probes.txt).
+// GPU time unchanged (python -m benchmarks.run --suite voxel, fwd+bwd rows).
 template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kFull, bool kExact,
           bool kWeightT = false>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)

@@ -11,11 +11,11 @@
 // `full` completes when the producers' cp.async copies of a step have landed, `empty` when both
 // consumer warpgroups have retired the wgmma that read it.
 //
-// What it took (session 13 probes, gpu_checks/session13_probes.txt): one producer warpgroup that
-// computed CuTe's swizzled addresses per chunk ran 2x slower than the single-role kernel, its four
-// warps issue-bound; per-thread chunk addresses computed once (a row's chunks in the 128-byte
-// swizzle move together every 8 rows), the table by cp.async instead of dependent loads, and two
-// producer warpgroups where the registers allow (C_out tiles of 128) made it faster at C128 / C256.
+// Why the producers are built so: producers that compute CuTe's swizzled addresses per chunk run 2x
+// slower than the single-role kernel, their warps issue-bound; per-thread chunk addresses computed
+// once (a row's chunks in the 128-byte swizzle move together every 8 rows), the table by cp.async
+// instead of dependent loads, and two producer warpgroups where the registers allow (C_out tiles of
+// 128) make it faster at C128 / C256.
 //
 // Persistent CTAs (one per SM; the stages take most of its shared memory) take the (row tile, column
 // tile) work items, the heaviest row tiles first (table_tile_row0 explains the order), each drawing
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
     // (or per half row) taking consecutive chunks, every sector was read from L2 twice (ncu: 30% of
     // the kernel's sectors in excess, L2 68% busy). Pairs rather than eight lanes per row, which also
     // read whole sectors, for one table entry read per thread and row instead of one per chunk
-    // (session 14, queued us: 64-beam C128 68 -> 66, C256 176 -> 152; real scan C256 133 -> 109).
+    // (queued us: 64-beam C128 68 -> 66, C256 176 -> 152; real scan C256 133 -> 109).
     // B: rows b_row0 + kRowsB * it (rows of BN chunks; kWeightT: of BK), at one column: one address
     // per residue class of rows (kClassesB, 2 where a pass covers 4 rows), then constant steps.
     const auto saddr = [](auto& t, int r, int c) {

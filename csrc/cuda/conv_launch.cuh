@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/kernel_choice.h"
 #include "cuda/conv_launch.h"
 #include "cuda/kernel_launch.h"
 #include "cuda/tile_schedule.cuh"
@@ -59,6 +60,33 @@ struct Tiles {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
 };
 
+// The tiles that common/kernel_choice.h gives configuration C for element type T.
+template <choice::Config C, typename T>
+using TilesOf = Tiles<choice::tiles(C, sizeof(T)).bm, choice::tiles(C, sizeof(T)).bn, choice::tiles(C, sizeof(T)).bk,
+                      choice::tiles(C, sizeof(T)).wm, choice::tiles(C, sizeof(T)).wn>;
+template <choice::Config C, typename T>
+inline constexpr int kStagesOf = choice::tiles(C, sizeof(T)).stages;
+
+template <typename T>
+inline constexpr bool k16Bit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+template <typename T>
+constexpr choice::Dtype dtype_of() {
+  if constexpr (std::is_same_v<T, __half>) return choice::Dtype::kHalf;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return choice::Dtype::kBFloat16;
+  if constexpr (std::is_same_v<T, float>) return choice::Dtype::kFloat;
+  return choice::Dtype::kDouble;
+}
+
+inline choice::Device current_device() {
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  return {prop->major, prop->minor, prop->multiProcessorCount};
+}
+
+[[noreturn]] inline void no_launcher(choice::Config c, const char* type) {
+  TORCH_CHECK(false, "relconv: kernel ", choice::config_name(c), " has no launcher for ", type, " elements");
+}
+
 template <typename T, typename Idx, typename Cfg, bool kTensorCores>
 void launch_forward(cuda::ConvForwardArgs<T, Idx> a, const at::Tensor& rel_ptr, cudaStream_t stream) {
   at::Tensor tile_ptr;
@@ -97,24 +125,37 @@ void launch_forward_simt_vec(cuda::ConvForwardArgs<float, Idx> a, const at::Tens
 
 template <typename T, typename Idx>
 void forward_by_width(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& rel_ptr, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    const bool out16 = reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && (int64_t{a.groups} * a.cout_g) % 4 == 0;
-    if (a.cout_g >= 64 && a.vec_x && a.vec_w && out16) {
-      if (a.cout_g >= 128) return launch_forward_simt_vec<Idx, 128>(a, rel_ptr, stream);
-      return launch_forward_simt_vec<Idx, 64>(a, rel_ptr, stream);
-    }
+  using C = choice::Config;
+  const bool out16 = reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && (int64_t{a.groups} * a.cout_g) % 4 == 0;
+  const C config = choice::pairs_kernel({dtype_of<T>(), a.groups, a.cin_g, a.cout_g, a.vec_x, a.vec_w, out16});
+  switch (config) {
+    case C::kPairsSimtVec128:
+      if constexpr (std::is_same_v<T, float>) return launch_forward_simt_vec<Idx, 128>(a, rel_ptr, stream);
+      break;
+    case C::kPairsSimtVec64:
+      if constexpr (std::is_same_v<T, float>) return launch_forward_simt_vec<Idx, 64>(a, rel_ptr, stream);
+      break;
+    case C::kPairsWmma32:
+      if constexpr (k16Bit<T>) return launch_forward<T, Idx, TilesOf<C::kPairsWmma32, T>, true>(a, rel_ptr, stream);
+      break;
+    case C::kPairsWmma64:
+      if constexpr (k16Bit<T>) return launch_forward<T, Idx, TilesOf<C::kPairsWmma64, T>, true>(a, rel_ptr, stream);
+      break;
+    case C::kPairsWmma128:
+      if constexpr (k16Bit<T>) return launch_forward<T, Idx, TilesOf<C::kPairsWmma128, T>, true>(a, rel_ptr, stream);
+      break;
+    case C::kPairsSimt32:
+      if constexpr (!k16Bit<T>) return launch_forward<T, Idx, TilesOf<C::kPairsSimt32, T>, false>(a, rel_ptr, stream);
+      break;
+    case C::kPairsSimt64:
+      if constexpr (!k16Bit<T>) return launch_forward<T, Idx, TilesOf<C::kPairsSimt64, T>, false>(a, rel_ptr, stream);
+      break;
+    case C::kPairsSimt128:
+      if constexpr (!k16Bit<T>) return launch_forward<T, Idx, TilesOf<C::kPairsSimt128, T>, false>(a, rel_ptr, stream);
+      break;
+    default: break;
   }
-  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-    // 4 warps each; warp tiles of 32x32 or 32x64 keep 4-8 accumulator fragments per warp.
-    if (a.cout_g <= 32) return launch_forward<T, Idx, Tiles<128, 32, 32, 32, 32>, true>(a, rel_ptr, stream);
-    if (a.cout_g <= 64) return launch_forward<T, Idx, Tiles<64, 64, 32, 32, 32>, true>(a, rel_ptr, stream);
-    return launch_forward<T, Idx, Tiles<64, 128, 32, 32, 64>, true>(a, rel_ptr, stream);
-  } else {
-    // 256 threads each, 16 or 32 accumulators per thread.
-    if (a.cout_g <= 32) return launch_forward<T, Idx, Tiles<128, 32, 16, 4, 4>, false>(a, rel_ptr, stream);
-    if (a.cout_g <= 64) return launch_forward<T, Idx, Tiles<64, 64, 16, 4, 4>, false>(a, rel_ptr, stream);
-    return launch_forward<T, Idx, Tiles<64, 128, 16, 4, 8>, false>(a, rel_ptr, stream);
-  }
+  no_launcher(config, "these");
 }
 
 // ---------------------------------------------------------------- forward over a neighbour table
@@ -147,102 +188,93 @@ bool launch_forward_table_mma_kernel(const cuda::ConvTableArgs<T, Idx>& a, dim3 
   constexpr auto kernel = cuda::conv_forward_table_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages,
                                                        kFull, kExact, kWeightT>;
   allow_dynamic_smem<kernel>(kBytes);
-  cuda::ConvTableArgs<T, Idx> args = a;
-  args.split = relation_split(int64_t{grid.x} * grid.y, a.num_relations);
-  launch_split(kernel, grid, kThreads, kBytes, stream, args);
+  launch_split(kernel, grid, kThreads, kBytes, stream, a);
   return true;
 }
 
-// The whole-tile kernel (kFull, see conv_forward_table_mma) runs when x and W allow 16-byte loads and
-// the channels fill whole tiles (cached subm 3^3 C64 fp16 on the 64-beam scan: 80 -> 56 us). It is
-// instantiated for int32 tables only (an int64 table means more than 2^31 outputs, rare enough for the
-// general kernel), and needs x's row stride below 2^31 for its 32-bit row multiply. Only it reads a
-// W^T in place (a.weight_t, 16-bit types): other shapes return false for the caller to copy W^T.
-template <typename T, typename Idx, typename Cfg, int kStages, bool kExact>
-bool launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, cudaStream_t stream) {
+// The mma.sync table kernel of configuration K, whole-tile or general and reading W^T in place or
+// not as the choice says (the whole-tile kernel exists for int32 tables only, its W^T form for
+// 16-bit tensor-core runs only).
+template <typename T, typename Idx, choice::Config K, bool kExact>
+bool launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, const choice::TableChoice& c, cudaStream_t stream) {
+  using Cfg = TilesOf<K, T>;
+  constexpr int kStages = kStagesOf<K, T>;
   const dim3 grid = table_grid<Cfg>(a);
+  a.split = c.split;
   if constexpr (std::is_same_v<Idx, int32_t>) {
-    const int64_t ldx = int64_t{a.groups} * a.cin_g;
-    if (a.vec_x && a.vec_w && a.vec_out2 && a.cin_g % Cfg::BK == 0 && a.cout_g % Cfg::BN == 0 &&
-        ldx <= std::numeric_limits<int32_t>::max()) {
+    if (c.whole_tiles) {
       if constexpr (sizeof(T) == 2 && !kExact) {
-        if (a.weight_t) return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, true, kExact, true>(a, grid, stream);
+        if (c.reads_weight_t) {
+          return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, true, kExact, true>(a, grid, stream);
+        }
       }
-      if (!a.weight_t) return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, true, kExact>(a, grid, stream);
+      return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, true, kExact>(a, grid, stream);
     }
   }
-  return !a.weight_t && launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, false, kExact>(a, grid, stream);
+  return launch_forward_table_mma_kernel<T, Idx, Cfg, kStages, false, kExact>(a, grid, stream);
 }
 
-// Tensor-core configurations count K steps in bytes: 128 (64 halves, 32 floats) past C_in 64, else
-// 64, so float in TF32 mode (torch.backends.cuda.matmul.allow_tf32) gets the 16-bit layouts' stage
-// sizes and load mappings.
-// Measured for half on an H100 (profiled kernel time, cached subm 3^3, 64-beam scan / real scan,
-// whole-tile loads): with C_in >= 64 a 64-wide K step in 2 stages (C64 51 / 29 us, C128 139 / 75,
-// C256 390 / 203) beat 3 stages (55 / 32, 147 / 74, 412 / 203), 32-wide steps in 3 or 4 stages
-// (within 2% of 3 stages) and 128-row tiles (64 / 40, 161 / 85): the fewer the stages, the more
-// blocks fit per SM, and at 64-wide steps two stages already cover the gather latency.
-// Past C_out 64, 8-warp 128 x 128 tiles (each gathered row feeds twice the columns) beat the 4-warp
-// 64 x 128 tile once the rank-and-Gray table order came in (same scans, us): at C128 with 64 x 32
-// warp tiles 119 / 63 against 129 / 69 (32 x 64: 120 / 66); at C256 with 32 x 64 warp tiles 323 /
-// 181 against 357 / 178 (64 x 32: 324 / 187; 64 x 256: 341 / 208; BK 32 in 3 or 4 stages: 355-365 /
-// 190-204). The TF32 configurations have not been swept.
-// At C_out 64 on large tables, 8-warp 128 x 64 tiles read each weight slab once per 128 rows instead
-// of 64; the weight slabs are most of the kernel's L2 traffic there (ncu, 3.5M-voxel scene: 12.3 GB
-// through L2 for 2.7 GB from DRAM). Kernel us, cached subm 3^3 C64 fp16, 64 x 64 -> 128 x 64: 75k
-// rows 47.8 -> 48.3, 171k 112.7 -> 101.7, 3.5M 2194 -> 1792 (spconv 1930). Below kTallTileRows the
-// smaller tiles keep more blocks per SM. Session 11 (same kernel, us): 3 stages 171k 92 -> 109, 3.5M
-// 1797 -> 2110; 256 x 64 tiles (64 x 32 warp tiles) 159 / 3145. Not taken.
-constexpr int64_t kTallTileRows = 100000;
-
+// Launches the table kernel that choice::table_kernel names; false, launching nothing, for kNone (a
+// W^T view no kernel reads in place: the caller copies it).
 template <typename T, typename Idx>
-bool forward_table_mma_by_width(const cuda::ConvTableArgs<T, Idx>& a, cudaStream_t stream) {
-  constexpr int kWideK = 128 / sizeof(T), kNarrowK = 64 / sizeof(T);
-  if constexpr ((std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) && std::is_same_v<Idx, int32_t>) {
-    if (a.cout_g >= 64 && forward_table_wgmma<T>(a, stream)) return true;
+bool forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool allow_tf32, cudaStream_t stream) {
+  using C = choice::Config;
+  choice::TableProblem p;
+  p.dtype = dtype_of<T>();
+  p.allow_tf32 = allow_tf32;
+  p.index32 = std::is_same_v<Idx, int32_t>;
+  p.num_in = a.num_in;
+  p.num_out = a.num_out;
+  p.num_relations = a.num_relations;
+  p.groups = a.groups;
+  p.cin_g = a.cin_g;
+  p.cout_g = a.cout_g;
+  p.vec_x = a.vec_x;
+  p.vec_w = a.vec_w;
+  p.vec_out2 = a.vec_out2;
+  p.weight_t = a.weight_t;
+  const choice::TableChoice c = choice::table_kernel(p, current_device(), [] { return wgmma_built(); });
+  constexpr bool kTensorCores = k16Bit<T> || std::is_same_v<T, float>;
+  switch (c.config) {
+    case C::kNone: return false;
+    case C::kWgmmaPersistent256:
+    case C::kWgmmaPersistent128:
+    case C::kWgmma256:
+    case C::kWgmma128:
+    case C::kWgmma64:
+      if constexpr (k16Bit<T> && std::is_same_v<Idx, int32_t>) return forward_table_wgmma<T>(a, c, stream);
+      break;
+#define RELCONV_TABLE_MMA(K)                                                                  \
+  case C::K:                                                                                  \
+    if constexpr (kTensorCores) return launch_forward_table_mma<T, Idx, C::K, false>(a, c, stream); \
+    break;
+      RELCONV_TABLE_MMA(kTableMmaTall64)
+      RELCONV_TABLE_MMA(kTableMmaWide64)
+      RELCONV_TABLE_MMA(kTableMmaWide128)
+      RELCONV_TABLE_MMA(kTableMmaWide256)
+      RELCONV_TABLE_MMA(kTableMma16)
+      RELCONV_TABLE_MMA(kTableMma32)
+      RELCONV_TABLE_MMA(kTableMma64)
+      RELCONV_TABLE_MMA(kTableMma128)
+#undef RELCONV_TABLE_MMA
+    case C::kTableExact16:
+      if constexpr (std::is_same_v<T, float>) return launch_forward_table_mma<T, Idx, C::kTableExact16, true>(a, c, stream);
+      break;
+    case C::kTableExact32:
+      if constexpr (std::is_same_v<T, float>) return launch_forward_table_mma<T, Idx, C::kTableExact32, true>(a, c, stream);
+      break;
+    case C::kTableSimt32:
+      if constexpr (!k16Bit<T>) return launch_forward_table_simt<T, Idx, TilesOf<C::kTableSimt32, T>>(a, stream);
+      break;
+    case C::kTableSimt64:
+      if constexpr (!k16Bit<T>) return launch_forward_table_simt<T, Idx, TilesOf<C::kTableSimt64, T>>(a, stream);
+      break;
+    case C::kTableSimt128:
+      if constexpr (!k16Bit<T>) return launch_forward_table_simt<T, Idx, TilesOf<C::kTableSimt128, T>>(a, stream);
+      break;
+    default: break;
   }
-  if (a.cin_g >= 64 && a.cout_g > 32) {
-    if (a.cout_g <= 64 && a.num_out >= kTallTileRows) {
-      return launch_forward_table_mma<T, Idx, Tiles<128, 64, kWideK, 32, 32>, 2, false>(a, stream);
-    }
-    if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, kWideK, 32, 32>, 2, false>(a, stream);
-    if (a.cout_g <= 128) return launch_forward_table_mma<T, Idx, Tiles<128, 128, kWideK, 64, 32>, 2, false>(a, stream);
-    return launch_forward_table_mma<T, Idx, Tiles<128, 128, kWideK, 32, 64>, 2, false>(a, stream);
-  }
-  constexpr int S = 4;
-  if (a.cout_g <= 16) return launch_forward_table_mma<T, Idx, Tiles<64, 16, kNarrowK, 16, 16>, S, false>(a, stream);
-  if (a.cout_g <= 32) return launch_forward_table_mma<T, Idx, Tiles<64, 32, kNarrowK, 32, 16>, S, false>(a, stream);
-  if (a.cout_g <= 64) return launch_forward_table_mma<T, Idx, Tiles<64, 64, kNarrowK, 32, 32>, S, false>(a, stream);
-  return launch_forward_table_mma<T, Idx, Tiles<64, 128, kNarrowK, 32, 64>, S, false>(a, stream);
-}
-
-// Output rows are owned by one block each, so there is no atomic traffic to amortise with tall
-// tiles: 64-row tiles give more blocks and a finer grain for skipping relations. Tensor-core tiles
-// keep 4 warps and 16-64 accumulators per thread.
-template <typename T, typename Idx>
-bool forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream) {
-  if (a.weight_t && sizeof(T) != 2) return false;  // only 16-bit kernels read W^T in place
-  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-    return forward_table_mma_by_width<T, Idx>(a, stream);
-  } else {
-    if constexpr (std::is_same_v<T, float>) {
-      if (tf32) return forward_table_mma_by_width<T, Idx>(a, stream);
-      // Exact fp32 at C_out_g <= 32: the pipelined kernel with fmas on CUDA cores (SimtWarpTile; it
-      // keeps input rows as int32). Measured on an H100 against fetch-on-demand (cached subm 3^3,
-      // GPU / latency / queued us, 64-beam and real scan): C16 33 / 80 / 38 against 48 / 99 / 53 and
-      // 22 / 64 / 37 against 20 / 81 / 60; C32 75 / 122 / 77 against 75 / 138 / 79 and 47 / 90 / 49
-      // against 30 / 86 / 58. From C64 its per-thread tiles lose (C64 193 against 168 us, C256 2552
-      // against 2133), so wider exact layers keep the SIMT kernel below (and AUTO fetch-on-demand).
-      if (a.cout_g <= 32 && a.num_in <= std::numeric_limits<int32_t>::max()) {
-        constexpr int K = 64 / sizeof(T);
-        if (a.cout_g <= 16) return launch_forward_table_mma<T, Idx, Tiles<64, 16, K, 16, 16>, 4, true>(a, stream);
-        return launch_forward_table_mma<T, Idx, Tiles<64, 32, K, 32, 16>, 4, true>(a, stream);
-      }
-    }
-    if (a.cout_g <= 32) return launch_forward_table_simt<T, Idx, Tiles<64, 32, 16, 2, 4>>(a, stream);
-    if (a.cout_g <= 64) return launch_forward_table_simt<T, Idx, Tiles<64, 64, 16, 4, 4>>(a, stream);
-    return launch_forward_table_simt<T, Idx, Tiles<64, 128, 16, 4, 8>>(a, stream);
-  }
+  no_launcher(c.config, "these");
 }
 
 // ---------------------------------------------------------------- weight gradient
@@ -268,9 +300,8 @@ int64_t workspace_target_tiles(int64_t per_relation, int64_t elem_bytes, int64_t
 // launch may be cooperative now and enough blocks fit the GPU at once: at least as many tiles as
 // relations beside the relations' partial tiles, within the target block count and the workspace
 // bound. An undefined tensor (nothing launched) otherwise.
-// H100, 64-beam scan, C64 fp16 (2M pairs), one op call (in-process A/B, gpu_checks/session18_probes.txt):
-// host 29-32 -> 13-15 us, GPU (queued) 46-47.5 -> 45-46 us. A first form, block 0 writing the schedule
-// behind a second grid barrier and one lane per output quad in the reduction, took 54 us of GPU.
+// H100, 64-beam scan, C64 fp16 (2M pairs), one op call against the three-launch form: host 29-32 ->
+// 13-15 us, GPU (queued) 46-47.5 -> 45-46 us (python -m benchmarks.run --suite voxel, fwd+bwd rows).
 template <typename T, typename Idx, typename Cfg, int kStages>
 at::Tensor launch_weight_grad_fused(cuda::WeightGradArgs<T, Idx> a, int64_t y, int64_t target_blocks,
                                     const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
@@ -372,36 +403,36 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   return dw.to(out);
 }
 
-// Tensor cores (16-byte rows, sm_80+: mma.sync and cp.async): square tiles as wide as the channels,
-// 4 warps (8 at C >= 128, whose 128 x 128 tile gathers each pair's rows once instead of twice), K
-// steps of 64 bytes (32 pairs of half rows, 16 of float rows: float runs there in TF32 mode, when
-// torch.backends.cuda.matmul.allow_tf32 allows it). Other rows, exact float, double and older GPUs
-// take the SIMT kernel.
+// The weight-gradient kernel that choice::weight_grad_kernel names.
 template <typename T, typename Idx>
 at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at::Tensor& rel_ptr, bool deterministic,
                                 const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
-  constexpr bool k16Bit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
-  if constexpr (k16Bit || std::is_same_v<T, float>) {
-    constexpr int BK = 64 / sizeof(T);
-    const bool tensor_cores = a.vec_x && a.vec_g && (k16Bit || at::globalContext().allowTF32CuBLAS()) &&
-                              at::cuda::getCurrentDeviceProperties()->major >= 8;
-    if (tensor_cores) {
-      if (a.cin_g <= 32 && a.cout_g <= 32) {
-        return launch_weight_grad<T, Idx, Tiles<32, 32, BK, 16, 16>, 4, true>(a, rel_ptr, deterministic, opts, out,
-                                                                             stream);
-      }
-      if (a.cin_g >= 128 && a.cout_g >= 128) {
-        return launch_weight_grad<T, Idx, Tiles<128, 128, BK, 64, 32>, 3, true>(a, rel_ptr, deterministic, opts,
-                                                                               out, stream);
-      }
-      return launch_weight_grad<T, Idx, Tiles<64, 64, BK, 32, 32>, 4, true>(a, rel_ptr, deterministic, opts, out,
-                                                                           stream);
-    }
+  using C = choice::Config;
+  choice::WeightGradProblem p;
+  p.dtype = dtype_of<T>();
+  p.allow_tf32 = at::globalContext().allowTF32CuBLAS();
+  p.cin_g = a.cin_g;
+  p.cout_g = a.cout_g;
+  p.vec_x = a.vec_x;
+  p.vec_g = a.vec_g;
+  const C config = choice::weight_grad_kernel(p, current_device());
+  switch (config) {
+#define RELCONV_WEIGHT_GRAD(K, kTensorCores)                                                                      \
+  case C::K:                                                                                                      \
+    if constexpr (!kTensorCores || k16Bit<T> || std::is_same_v<T, float>) {                                       \
+      return launch_weight_grad<T, Idx, TilesOf<C::K, T>, kStagesOf<C::K, T>, kTensorCores>(a, rel_ptr, deterministic, \
+                                                                                         opts, out, stream);      \
+    }                                                                                                             \
+    break;
+    RELCONV_WEIGHT_GRAD(kWeightGradMma32, true)
+    RELCONV_WEIGHT_GRAD(kWeightGradMma64, true)
+    RELCONV_WEIGHT_GRAD(kWeightGradMma128, true)
+    RELCONV_WEIGHT_GRAD(kWeightGradSimt32, false)
+    RELCONV_WEIGHT_GRAD(kWeightGradSimt64, false)
+#undef RELCONV_WEIGHT_GRAD
+    default: break;
   }
-  if (a.cin_g <= 32 && a.cout_g <= 32) {
-    return launch_weight_grad<T, Idx, Tiles<32, 32, 16, 2, 2>, 1, false>(a, rel_ptr, deterministic, opts, out, stream);
-  }
-  return launch_weight_grad<T, Idx, Tiles<64, 64, 16, 4, 4>, 1, false>(a, rel_ptr, deterministic, opts, out, stream);
+  no_launcher(config, "these");
 }
 
 }  // namespace
@@ -412,8 +443,8 @@ void forward_pairs(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& rel
 }
 
 template <typename T, typename Idx>
-bool forward_table(const cuda::ConvTableArgs<T, Idx>& a, bool tf32, cudaStream_t stream) {
-  return forward_table_by_width<T, Idx>(a, tf32, stream);
+bool forward_table(const cuda::ConvTableArgs<T, Idx>& a, bool allow_tf32, cudaStream_t stream) {
+  return forward_table_by_width<T, Idx>(a, allow_tf32, stream);
 }
 
 template <typename T, typename Idx>

@@ -1,6 +1,6 @@
 // Host-side launch helpers shared by the conv launchers (conv_launch.cuh, conv_launch_wgmma.cu): the
-// dynamic shared memory opt-in, and the table kernels' relation split (relation_split_sum in
-// conv_forward_table.cuh): how many CTAs share one row tile, and the cluster launch that groups them.
+// dynamic shared memory opt-in, and the cluster launch that groups the CTAs of a table kernel's
+// relation split (relation_split_sum in conv_forward_table.cuh; common/kernel_choice.h sets it).
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
@@ -42,19 +42,6 @@ int64_t resident_blocks(int threads, int smem_bytes) {
 inline bool cooperative_ok() {
   return at::cuda::getCurrentDeviceProperties()->cooperativeLaunch &&
          c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None;
-}
-
-// CTAs per row tile for a table kernel of `blocks` CTAs over `relations` relations (clusters need
-// sm_90). Counted against SMs, not resident CTAs: CTAs sharing an SM do not add its throughput. Four
-// when the split grid still fits the SMs once; two while the unsplit grid is about one wave or less,
-// when its heaviest tiles set its length; none past that, where splitting only adds the reductions
-// (measurements at relation_split_sum).
-inline int relation_split(int64_t blocks, int64_t relations) {
-  const auto* prop = at::cuda::getCurrentDeviceProperties();
-  if (prop->major < 9 || relations < 4) return 1;
-  const int64_t sms = prop->multiProcessorCount;
-  if (4 * blocks <= sms) return 4;
-  return 20 * blocks <= 21 * sms ? 2 : 1;
 }
 
 // Launches a table kernel over `grid` row tiles (x) with a.split CTAs per tile, consecutive in x and

@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <limits>
 #include <map>
@@ -125,8 +123,7 @@ HostWords read_words(const int32_t* device, cudaStream_t stream) {
 // waits for the hash insert alone, by polling pinned memory, with no copy, event or stream sync of
 // its own; the map's table kernels keep the GPU busy meanwhile. Waiting for the whole stream left
 // the GPU idle while the host queued the conv after the sync (H100, fresh subm 3^3 C64 fp16 on 3.5M
-// voxels: about 95 us per call); a copy and an event per map (session 15's early read) cost two
-// host API calls of their own. Tickets take the slots of a ring per device in turn. A slot is handed
+// voxels: about 95 us per call); a copy and an event per map cost two host API calls of their own. Tickets take the slots of a ring per device in turn. A slot is handed
 // to a new ticket only once its previous ticket's word has landed, so a slot holds one pending
 // kernel at a time; a ticket whose slot a newer one has taken falls back to reading the device word.
 class PublishedWords {
@@ -342,117 +339,6 @@ at::Tensor kernel_map_table_cuda(const at::Tensor& in_coords, const at::Tensor& 
   return table_kernel(ci, s, co, in_coords.is_same(out_coords), g, dtype);
 }
 
-// [num_in, K] table of the transposed map from the [num_out, K] table of a voxel map.
-at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in) {
-  TORCH_CHECK_VALUE(table.dim() == 2, "table must be 2-D [num_out, K], got shape ", table.sizes());
-  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
-                    "table must be int32 or int64, got ", table.scalar_type());
-  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
-  TORCH_CHECK_VALUE(num_in >= 0, "num_in must be non-negative, got ", num_in);
-  TORCH_CHECK_VALUE(table.size(1) <= std::numeric_limits<int32_t>::max(), "table has too many columns");
-  const c10::cuda::CUDAGuard guard(table.device());
-  const at::Tensor t = table.contiguous();
-  const int64_t num_out = t.size(0), volume = t.size(1);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor out = memset_tensor({num_in, volume}, t.options(), kAllOnes, stream);
-  if (num_out * volume == 0) return out;
-  const unsigned blocks = blocks_for(num_out * volume);
-  if (t.scalar_type() == at::kInt) {
-    cuda::transpose_table_kernel<int32_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
-        t.const_data_ptr<int32_t>(), num_out, static_cast<int32_t>(volume), out.mutable_data_ptr<int32_t>());
-  } else {
-    cuda::transpose_table_kernel<int64_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
-        t.const_data_ptr<int64_t>(), num_out, static_cast<int32_t>(volume), out.mutable_data_ptr<int64_t>());
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-
-// The pairs of a neighbour table [num_out, R] for the pair kernels, without a host sync: in_index
-// and out_index have num_out * R entries (the most a table can hold), the first rel_ptr[R] of them
-// the pairs in (relation, out) order and the rest -1. Every relconv kernel reads pairs only through
-// rel_ptr, so the padding is never touched; its length is all the host needs for launch bounds.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> table_pairs_cuda(const at::Tensor& table) {
-  TORCH_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
-  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
-                    "table must be int32 or int64, got ", table.scalar_type());
-  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
-  const int64_t n = table.size(0), r = table.size(1), capacity = n * r;
-  TORCH_CHECK_VALUE(table.scalar_type() == at::kLong || capacity <= std::numeric_limits<int32_t>::max(),
-                    "an int32 table holds at most 2^31 - 1 entries, got ", n, " x ", r);
-  const c10::cuda::CUDAGuard guard(table.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor t = table.contiguous();
-  // table_pairs_kernel writes every entry of all three (no memsets: three per map of a training step).
-  at::Tensor in_index = at::empty({capacity}, t.options());
-  at::Tensor out_index = at::empty({capacity}, t.options());
-  if (capacity == 0) {
-    return {in_index, out_index, memset_tensor({r + 1}, t.options().dtype(at::kLong), 0, stream)};
-  }
-  at::Tensor rel_ptr = at::empty({r + 1}, t.options().dtype(at::kLong));
-  at::Tensor positions = at::empty({capacity}, t.options());
-  AT_DISPATCH_INDEX_TYPES(t.scalar_type(), "table_pairs", [&] {
-    const unsigned blocks = blocks_for(capacity);
-    cuda::table_hit_flags_kernel<index_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
-        t.const_data_ptr<index_t>(), n, r, positions.mutable_data_ptr<index_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    size_t temp_bytes = 0;
-    index_t* pos = positions.mutable_data_ptr<index_t>();
-    C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, temp_bytes, pos, pos, capacity, stream));
-    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, t.options().dtype(at::kByte));
-    C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp.mutable_data_ptr(), temp_bytes, pos, pos, capacity, stream));
-    cuda::table_pairs_kernel<index_t><<<blocks, cuda::kMapThreads, 0, stream>>>(
-        t.const_data_ptr<index_t>(), pos, n, r, in_index.mutable_data_ptr<index_t>(),
-        out_index.mutable_data_ptr<index_t>(), rel_ptr.mutable_data_ptr<int64_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-  return {in_index, out_index, rel_ptr};
-}
-
-// Rows of a neighbour table sorted by their occupied relations: the table_order of the
-// output-stationary kernel. Keys in two passes (occupancy_keys_kernel, then ranked_gray_keys_kernel:
-// masks with the rarest relations in the high bits, in Gray order), then a stable radix sort over
-// only the key bits in use (4 passes for 27 relations). Integer counts and a stable sort make the
-// order a pure function of the table; no host sync.
-at::Tensor neighbor_table_order_cuda(const at::Tensor& table) {
-  TORCH_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
-  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
-                    "table must be int32 or int64, got ", table.scalar_type());
-  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
-  const int64_t n = table.size(0), r = table.size(1);
-  TORCH_CHECK_VALUE(n <= std::numeric_limits<int32_t>::max(), "table has ", n, " rows; at most 2^31 - 1");
-  const c10::cuda::CUDAGuard guard(table.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor t = table.contiguous();
-  at::Tensor order = at::empty({n}, t.options());
-  if (n == 0) return order;
-  const auto keys = at::empty({2, n}, t.options().dtype(at::kInt));
-  const auto counts = memset_tensor({cuda::kOrderKeyBits}, t.options().dtype(at::kInt), 0, stream);
-  at::Tensor rows = at::empty({n}, t.options());
-  const auto keyed = static_cast<int32_t>(std::min<int64_t>(r, cuda::kOrderKeyBits));
-  const int end_bit = std::max(1, static_cast<int>(keyed));
-  AT_DISPATCH_INDEX_TYPES(t.scalar_type(), "neighbor_table_order", [&] {
-    cuda::occupancy_keys_kernel<index_t><<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
-        t.const_data_ptr<index_t>(), n, r, keyed, keys[0].mutable_data_ptr<int32_t>(),
-        rows.mutable_data_ptr<index_t>(), counts.mutable_data_ptr<int32_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    cuda::ranked_gray_keys_kernel<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
-        keys[0].mutable_data_ptr<int32_t>(), n, keyed, counts.const_data_ptr<int32_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    size_t temp_bytes = 0;
-    const auto sort = [&](void* temp) {
-      C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-          temp, temp_bytes, keys[0].const_data_ptr<int32_t>(), keys[1].mutable_data_ptr<int32_t>(),
-          rows.const_data_ptr<index_t>(), order.mutable_data_ptr<index_t>(), static_cast<int>(n), 0, end_bit,
-          stream));
-    };
-    sort(nullptr);
-    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, t.options().dtype(at::kByte));
-    sort(temp.mutable_data_ptr());
-  });
-  return order;
-}
-
 void check_out_step(at::IntArrayRef step) {
   TORCH_CHECK_VALUE(step.size() == 3, "step must have 3 entries, got ", step.size());
   for (int a = 0; a < 3; ++a) {
@@ -523,8 +409,8 @@ at::Tensor strided_coords_cuda(const at::Tensor& coords, at::IntArrayRef step,
 
 // A strided map onto new coarse sites from a coordinate set with no hash yet, in one call instead of
 // three (coord_hash, strided_coords, kernel_map_table): an op call costs host time of its own, and a
-// fresh down 2^3 C64 fp16 layer on an H100 queued in 104 instead of 119 us per map (kitti-real,
-// .dev A/B in one process). Hashes `in_coords`, coarsens them to `out_step` (as strided_coords; with
+// fresh down 2^3 C64 fp16 layer on an H100 queues in 104 instead of 119 us per map (kitti-real,
+// python -m benchmarks.run --suite voxel). Hashes `in_coords`, coarsens them to `out_step` (as strided_coords; with
 // `check` its one sync also reads the new hash's error word; without, the caller vouches for the rows)
 // and builds the sites' table, in int32 while the sizes allow (relconv.core.index_dtype_for's rule),
 // else int64. Returns (slots, out_coords, table).
@@ -649,9 +535,6 @@ void check_coords_cuda(const at::Tensor& error, int64_t ticket) {
 TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
   m.impl("coord_hash", &coord_hash_cuda);
   m.impl("kernel_map_table", &kernel_map_table_cuda);
-  m.impl("transpose_neighbor_table", &transpose_neighbor_table_cuda);
-  m.impl("neighbor_table_order", &neighbor_table_order_cuda);
-  m.impl("table_pairs", &table_pairs_cuda);
   m.impl("strided_coords", &strided_coords_cuda);
   m.impl("hashed_strided_table", &hashed_strided_table_cuda);
   m.impl("hashed_submanifold_table", &hashed_submanifold_table_cuda);

@@ -1,6 +1,6 @@
 // CUDA wrappers of the relational-convolution ops: validate (metadata only), fill the kernel arguments
-// and call the launchers (conv_launch.h), which pick a tile configuration and launch ONE main kernel
-// covering all relations. No host synchronisation: every launch size comes from tensor shapes, so a
+// and call the launchers (conv_launch.h), which launch the configuration common/kernel_choice.h names:
+// ONE main kernel covering all relations. No host synchronisation: every launch size comes from tensor shapes, so a
 // forward pass can be captured in a CUDA graph.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -141,10 +141,8 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     TORCH_CHECK(rows_fit, "relconv: the fp16/bf16 output-stationary kernel takes at most 2^31 - 1 input rows, got ",
                 x.size(0));
   }
-  // fp32 runs on TF32 tensor cores when torch allows TF32 matmuls, like torch's own matmul; otherwise
-  // (and where the tensor-core kernel cannot run) it stays exact on the SIMT kernel.
-  const bool tf32 =
-      x.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS() && prop->major >= 8 && rows_fit;
+  // Whether fp32 may run on TF32 tensor cores; the kernel choice (common/kernel_choice.h) decides.
+  const bool allow_tf32 = at::globalContext().allowTF32CuBLAS();
   at::Tensor out = at::empty({num_out, s.groups * s.cout_g}, x.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor xc = x.contiguous(), tc = table.contiguous();
@@ -176,14 +174,14 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
         a.weight = ptr<T>(weight);
         a.weight_t = true;
         a.vec_w = s.cin_g % V == 0 && aligned16(a.weight);
-        if (launch::forward_table<T, Idx>(a, false, stream)) return;
+        if (launch::forward_table<T, Idx>(a, allow_tf32, stream)) return;
         a.weight_t = false;
       }
     }
     const at::Tensor wc = contiguous_weight(weight, stream);
     a.weight = ptr<T>(wc);
     a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
-    launch::forward_table<T, Idx>(a, tf32, stream);
+    launch::forward_table<T, Idx>(a, allow_tf32, stream);
   });
   return out;
 }

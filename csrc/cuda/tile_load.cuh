@@ -78,7 +78,7 @@ struct NoScale {
 // precomputed addresses (the warp-specialized producer).
 // kL1 reads through L1 (.ca; .cg reads from L2 only), for tiles that other blocks on the SM read
 // again soon: the weight slabs of the table kernels, which every output tile of a relation loads.
-// H100, cached subm 3^3 fp16, queued us per call, .cg -> .ca (gpu_checks/session15_probes.txt):
+// H100, cached subm 3^3 fp16, queued us per call, .cg -> .ca (python -m benchmarks.run --suite voxel):
 // C32 64-beam 27.7 -> 22.3, real scan 19.4 -> 17.3, 171k rows 72 -> 67; C64 171k rows 92 -> 90.
 template <bool kL1 = false>
 __device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src, bool in) {

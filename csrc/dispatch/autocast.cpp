@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
+#include "dispatch/conv_call.h"
 #include "dispatch/ops.h"
 
 namespace relconv {
@@ -24,10 +25,20 @@ at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at
                          const std::optional<at::Tensor>& transposed_order) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
   const auto dtype = at::autocast::get_autocast_dtype(kDevice);
-  return conv_op().call(at::autocast::cached_cast(dtype, x, kDevice), weight, in_index, out_index, rel_ptr, scale,
-                        std::move(num_out), neighbor_table, table_order,
-                        at::autocast::cached_cast(dtype, bias, kDevice), relu, transposed_table,
-                        transposed_order);
+  return ConvCall{at::autocast::cached_cast(dtype, x, kDevice),
+                  weight,
+                  in_index,
+                  out_index,
+                  rel_ptr,
+                  scale,
+                  std::move(num_out),
+                  neighbor_table,
+                  table_order,
+                  at::autocast::cached_cast(dtype, bias, kDevice),
+                  relu,
+                  transposed_table,
+                  transposed_order}
+      .run();
 }
 
 template <c10::DispatchKey kKey, c10::DeviceType kDevice>

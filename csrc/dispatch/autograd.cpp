@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "dispatch/conv_call.h"
 #include "dispatch/ops.h"
 
 namespace relconv {
@@ -50,30 +51,33 @@ bool differentiated(bool recording, const at::Tensor& a, const at::Tensor& b, co
 // Whether an optional argument takes an input slot of the autograd node (custom_function.h's rule).
 int64_t given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? 1 : 0; }
 
-// grad_x [num_in, C_in] = the table forward of `grad` over the transposed table with `weight_t`
-// (W[r]^T per group, 4-D). The pairs go in swapped, as the forward saved them: the transposed map's
-// pairs, or the absent ones (empty, see pairs_absent) when the forward needed none; the table kernel
-// reads neither, and reusing them spares two allocations per backward (host time on every training
-// step). The forward's own table goes in as this call's transposed table, so that its input
-// gradient (the double backward in `grad`) is a table forward again; its weight gradient rebuilds
-// the pairs from the transposed table only when they are absent.
-at::Tensor table_input_grad(const at::Tensor& grad, const at::Tensor& weight_t, const at::Tensor& in_index,
-                            const at::Tensor& out_index, const at::Tensor& rel_ptr,
-                            const at::Tensor& transposed_table, const at::Tensor& transposed_order,
-                            const at::Tensor& table, const at::Tensor& table_order, const c10::SymInt& num_in) {
-  return conv_op().call(grad, weight_t, out_index, in_index, rel_ptr, std::nullopt, num_in, transposed_table,
-                        as_optional(transposed_order), std::nullopt, false, table, as_optional(table_order));
-}
+// The tensors a conv node saves, by name (save_for_backward takes them as one list).
+enum Saved : size_t {
+  kX,
+  kWeight,
+  kInIndex,
+  kOutIndex,
+  kRelPtr,
+  kScale,
+  kOut,              // the output, when a ReLU masks the gradient
+  kTable,            // the forward's neighbour table, when given
+  kTableOrder,       // its schedule, with the transposed table
+  kTransposed,       // the transposed table, when the CUDA input gradient runs over it
+  kTransposedOrder,  // its schedule
+  kCastWeight,       // the weight cast to x's dtype, when the op ran a float32 weight in half precision
+  kNumSaved,
+};
 
 class ConvFunction : public torch::autograd::Function<ConvFunction> {
  public:
+  // Function::apply finds the differentiable inputs among its arguments, so they come one by one.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& in_index, const at::Tensor& out_index, const at::Tensor& rel_ptr,
                             const std::optional<at::Tensor>& scale, c10::SymInt num_out,
                             const std::optional<at::Tensor>& neighbor_table,
                             const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
                             bool relu, const std::optional<at::Tensor>& transposed_table,
-                            const std::optional<at::Tensor>& transposed_order, bool recording) {
+                            const std::optional<at::Tensor>& transposed_order) {
     at::AutoDispatchBelowADInplaceOrView below;
     // A float32 weight with half / bfloat16 x (a parameter under autocast, see autocast.cpp) runs in
     // x's dtype: cast here, unrecorded; the gradient comes back in x's dtype and the autograd engine
@@ -82,33 +86,31 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     // recorded and reaches the weight. Other mismatches reach the checks.
     const at::Tensor w = weight_for_op(x, weight);
     const bool mixed = !w.is_same(weight);
-    at::Tensor out = conv_op().call(x, w, in_index, out_index, rel_ptr, scale, std::move(num_out),
-                                    neighbor_table, table_order, bias, relu, transposed_table, transposed_order);
+    at::Tensor out = ConvCall{x, w, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,
+                              table_order, bias, relu, transposed_table, transposed_order}
+                         .run();
     // The transposed table serves the input gradient on CUDA only: the CPU kernel reads the pairs.
     const bool table_dgrad = transposed_table.has_value() && transposed_table->is_cuda();
-    // The weight gradient reads the pairs, and so does the input gradient unless it runs over the
-    // transposed table; the bias gradient is a column sum of the grad.
-    const bool needs_pairs =
-        recording && (weight.requires_grad() || (x.requires_grad() && !table_dgrad));
+    std::vector<at::Tensor> saved(kNumSaved);
+    saved[kX] = x;
+    saved[kWeight] = weight;
+    saved[kInIndex] = in_index;
+    saved[kOutIndex] = out_index;
+    saved[kRelPtr] = rel_ptr;
+    saved[kScale] = or_undefined(scale);
     // ReLU's derivative is (out > 0): the output is saved, not the pre-activation (which was never
     // materialised: the CUDA table kernel applies the ReLU in its epilogue).
-    const at::Tensor saved_out = relu ? out : at::Tensor();
-    // Both tables and their orders, for the input gradient over the transposed one (table_input_grad).
-    const at::Tensor t_table = table_dgrad ? or_undefined(neighbor_table) : at::Tensor();
-    const at::Tensor t_order = table_dgrad ? or_undefined(table_order) : at::Tensor();
-    const at::Tensor t_transposed = table_dgrad ? *transposed_table : at::Tensor();
-    const at::Tensor t_transposed_order = table_dgrad ? or_undefined(transposed_order) : at::Tensor();
-    if (needs_pairs && neighbor_table.has_value() && rel_ptr.sym_numel() == 0) {
-      // The table forward accepts absent pairs (a map built as a table, see pairs_absent) and only
-      // CUDA takes them; the backward needs pairs, so they are built here from the table, padded
-      // and without a host sync (relconv::table_pairs).
-      const auto [in, o, ptr] = table_pairs_op().call(*neighbor_table);
-      ctx->save_for_backward({x, weight, in, o, ptr, or_undefined(scale), saved_out, t_table, t_order,
-                              t_transposed, t_transposed_order, mixed ? w : at::Tensor()});
-    } else {
-      ctx->save_for_backward({x, weight, in_index, out_index, rel_ptr, or_undefined(scale), saved_out, t_table,
-                              t_order, t_transposed, t_transposed_order, mixed ? w : at::Tensor()});
+    if (relu) saved[kOut] = out;
+    // The table rebuilds absent pairs in the backward; with the transposed table and both orders
+    // it runs the input gradient over the transposed one.
+    saved[kTable] = or_undefined(neighbor_table);
+    if (table_dgrad) {
+      saved[kTableOrder] = or_undefined(table_order);
+      saved[kTransposed] = *transposed_table;
+      saved[kTransposedOrder] = or_undefined(transposed_order);
     }
+    if (mixed) saved[kCastWeight] = w;
+    ctx->save_for_backward(saved);
     ctx->saved_data["num_in"] = x.sym_size(0);
     // needs_input_grad counts the tensor inputs actually given (absent optionals take no slot): the
     // bias comes after x, weight, the three pair tensors and whichever of scale, table, order exist.
@@ -119,20 +121,26 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &in_index = saved[2], &out_index = saved[3], &rel_ptr = saved[4],
-                     &out = saved[6], &table = saved[7], &table_order = saved[8], &transposed_table = saved[9],
-                     &transposed_order = saved[10];
-    const at::Tensor& saved_weight = saved[1];
-    const auto scale = as_optional(saved[5]);
+    const at::Tensor &x = saved[kX], &out = saved[kOut], &table = saved[kTable],
+                     &transposed_table = saved[kTransposed], &saved_weight = saved[kWeight],
+                     &cast = saved[kCastWeight];
+    const auto scale = as_optional(saved[kScale]);
     at::Tensor grad = grads[0];
     // Masking first: the bias, x and weight gradients all flow through the ReLU. The mask is
     // piecewise constant in the inputs, so this stays differentiable (double backward) in grad.
     if (out.defined()) grad = grad.masked_fill(out.le(0), 0);
     grad = grad.contiguous();
+    // The pairs as the forward got them; absent ones (a map built as a table, see pairs_absent) are
+    // built from the table, on the device and without a host sync, by the gradient that reads them.
+    at::Tensor in_index = saved[kInIndex], out_index = saved[kOutIndex], rel_ptr = saved[kRelPtr];
+    const auto pairs = [&] {
+      if (rel_ptr.sym_numel() == 0 && table.defined()) {
+        std::tie(in_index, out_index, rel_ptr) = table_pairs_op().call(table);
+      }
+    };
     at::Tensor grad_x, grad_w, grad_bias;
     if (ctx->needs_input_grad(0)) {
       const c10::SymInt num_in = ctx->saved_data["num_in"].toSymInt();
-      const at::Tensor& cast = saved[11];
       const at::Tensor weight = !cast.defined()            ? saved_weight
                                 : at::GradMode::is_enabled() ? saved_weight.to(x.scalar_type())  // recorded
                                                              : cast;
@@ -140,16 +148,37 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       // kernels read as stored and the others get copied in one launch (contiguous_weight).
       const at::Tensor weight_t = weight.transpose(-2, -1);
       if (transposed_table.defined()) {  // saved only when given on CUDA
-        grad_x = table_input_grad(grad, weight_t, in_index, out_index, rel_ptr, transposed_table, transposed_order,
-                                  table, table_order, num_in);
+        // The table forward of `grad` over the transposed table. The pairs go in swapped as the
+        // forward got them (absent ones too: the table kernel reads neither, and reusing them spares
+        // two allocations per backward). The forward's own table goes in as this call's transposed
+        // table, so that its input gradient (the double backward) is a table forward again.
+        grad_x = ConvCall{.x = grad,
+                          .weight = weight_t,
+                          .in_index = out_index,
+                          .out_index = in_index,
+                          .rel_ptr = rel_ptr,
+                          .num_out = num_in,
+                          .neighbor_table = transposed_table,
+                          .table_order = as_optional(saved[kTransposedOrder]),
+                          .transposed_table = table,
+                          .transposed_order = as_optional(saved[kTableOrder])}
+                     .run();
       } else {
-        grad_x = conv_op().call(grad, weight_t, out_index, in_index, rel_ptr, scale, num_in,
-                                std::nullopt, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);
+        pairs();
+        grad_x = ConvCall{.x = grad,
+                          .weight = weight_t,
+                          .in_index = out_index,
+                          .out_index = in_index,
+                          .rel_ptr = rel_ptr,
+                          .scale = scale,
+                          .num_out = num_in}
+                     .run();
       }
     }
     if (ctx->needs_input_grad(1)) {
+      pairs();
       // A float32 weight run in half precision gets its gradient as accumulated, in float32.
-      const auto dtype = saved[11].defined() ? std::optional(saved_weight.scalar_type()) : std::nullopt;
+      const auto dtype = cast.defined() ? std::optional(saved_weight.scalar_type()) : std::nullopt;
       // The op returns [R, G, C_in/G, C_out/G]; a 3-D weight (G = 1) gets its gradient in its own shape.
       const bool flat = saved_weight.dim() == 3;
       grad_w = weight_grad_op().call(x, grad, in_index, out_index, rel_ptr, scale, flat ? 1 : saved_weight.size(1),
@@ -161,9 +190,9 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       grad_bias = grad.sum(0);
     }
     // One entry per forward argument: x, weight, in_index, out_index, rel_ptr, scale, num_out,
-    // neighbor_table, table_order, bias, relu, transposed_table, transposed_order, recording.
+    // neighbor_table, table_order, bias, relu, transposed_table, transposed_order.
     return {grad_x,       grad_w,       at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), grad_bias,    at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), grad_bias,    at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -187,12 +216,24 @@ class WeightGradFunction : public torch::autograd::Function<WeightGradFunction> 
     const at::Tensor gw = grads[0].to(x.scalar_type()).contiguous();  // out_dtype may be float32
     at::Tensor dx, dg;
     if (ctx->needs_input_grad(0)) {
-      dx = conv_op().call(grad_out, gw.transpose(2, 3), out_index, in_index, rel_ptr, scale, x.sym_size(0),
-                          std::nullopt, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);
+      dx = ConvCall{.x = grad_out,
+                    .weight = gw.transpose(2, 3),
+                    .in_index = out_index,
+                    .out_index = in_index,
+                    .rel_ptr = rel_ptr,
+                    .scale = scale,
+                    .num_out = x.sym_size(0)}
+               .run();
     }
     if (ctx->needs_input_grad(1)) {
-      dg = conv_op().call(x, gw, in_index, out_index, rel_ptr, scale, grad_out.sym_size(0), std::nullopt,
-                          std::nullopt, std::nullopt, false, std::nullopt, std::nullopt);
+      dg = ConvCall{.x = x,
+                    .weight = gw,
+                    .in_index = in_index,
+                    .out_index = out_index,
+                    .rel_ptr = rel_ptr,
+                    .scale = scale,
+                    .num_out = grad_out.sym_size(0)}
+               .run();
     }
     return {dx, dg, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -205,18 +246,16 @@ at::Tensor conv_autograd(const at::Tensor& x, const at::Tensor& weight, const at
                          const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
                          bool relu, const std::optional<at::Tensor>& transposed_table,
                          const std::optional<at::Tensor>& transposed_order) {
-  // Whether autograd records this call, read here: Function::apply runs forward with grad mode off, so
-  // forward cannot tell an inference call (no pairs to build) from one that will be differentiated.
-  const bool recording = at::GradMode::is_enabled();
-  if (!differentiated(recording, x, weight, bias)) {
+  if (!differentiated(at::GradMode::is_enabled(), x, weight, bias)) {
     // Nothing to record: the op below autograd directly. Function::apply builds its node, context
     // and output wrapping even when it records nothing, several us of host time per inference layer.
     at::AutoDispatchBelowADInplaceOrView below;
-    return conv_op().call(x, weight_for_op(x, weight), in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table, table_order,
-                          bias, relu, transposed_table, transposed_order);
+    return ConvCall{x,        weight_for_op(x, weight), in_index, out_index, rel_ptr, scale, std::move(num_out),
+                    neighbor_table, table_order, bias, relu, transposed_table, transposed_order}
+        .run();
   }
   return ConvFunction::apply(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,
-                             table_order, bias, relu, transposed_table, transposed_order, recording);
+                             table_order, bias, relu, transposed_table, transposed_order);
 }
 
 at::Tensor weight_grad_autograd(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -13,18 +15,22 @@ def index_dtype_for(*sizes: int) -> torch.dtype:
     return torch.int32 if max(sizes, default=0) <= _INT32_MAX else torch.int64
 
 
-# Empty tensors own no storage, so one triple per (device, index dtype) serves every map: a fresh map
-# (a new scan's layer) then allocates none of its own on the host path.
-_ABSENT_PAIRS: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor, Tensor]] = {}
+# The builders of the views that the conv kernels read (padded pairs, table orders, the transposed
+# table): ops that relconv.ops.map_views installs when relconv.ops is imported (`import relconv` does).
+# The map holds their results in its cache; the core itself launches no op.
+_VIEWS: dict[str, Callable] = {}
 
 
-def _absent_pairs(device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    empty = _ABSENT_PAIRS.get((device, dtype))
-    if empty is None:
-        idx = torch.empty(0, dtype=dtype, device=device)
-        empty = (idx, idx, torch.empty(0, dtype=torch.int64, device=device))
-        _ABSENT_PAIRS[(device, dtype)] = empty
-    return empty
+def install_view_builders(**builders: Callable) -> None:
+    """Sets the functions the map's view methods hand over to (relconv.ops.map_views)."""
+    _VIEWS.update(builders)
+
+
+def _view(name: str) -> Callable:
+    builder = _VIEWS.get(name)
+    if builder is None:
+        raise RuntimeError(f"RelationalMap.{name} is built by relconv.ops; import relconv first")
+    return builder
 
 
 class RelationalMap:
@@ -248,24 +254,21 @@ class RelationalMap:
         return self.in_index.numel()
 
     def absent_pairs(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Empty (in_index, out_index, rel_ptr): tells the CUDA table forward "pairs not given"."""
-        return _absent_pairs(self.device, self.index_dtype)
+        """Empty (in_index, out_index, rel_ptr): tells the CUDA table forward "pairs not given"
+        (relconv.ops.map_views.absent_pairs)."""
+        return _view("absent_pairs")(self)
 
     def kernel_pairs(self) -> tuple[Tensor, Tensor, Tensor]:
-        """(in_index, out_index, rel_ptr) as the op kernels take them. The pairs themselves when
-        materialised or on the CPU; for a CUDA map built from its table, the table's pairs padded
-        with -1 to `num_out * R` entries (`relconv::table_pairs`, cached): the kernels read pairs
-        only through rel_ptr, so no host sync is needed to size them. Use `in_index` & co. for the
-        exact lists."""
-        if self.has_pairs or self.device.type != "cuda":
-            return self._pairs()
-        padded = self._cache.get("padded_pairs")
-        if padded is None:
-            from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
+        """(in_index, out_index, rel_ptr) as the op kernels take them: padded on the device for a
+        CUDA map built from its table (relconv.ops.map_views.kernel_pairs). Use `in_index` & co.
+        for the exact lists."""
+        return _view("kernel_pairs")(self)
 
-            padded = torch.ops.relconv.table_pairs(self._cache["neighbor_table"])
-            self._cache["padded_pairs"] = padded
-        return padded
+    def pair_lists(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(in_index, out_index, rel_ptr), materialised from the table first if need be."""
+        if self._in_index is None:
+            self._pairs()
+        return self._in_index, self._out_index, self._rel_ptr
 
     def _pairs(self) -> tuple[Tensor, Tensor, Tensor]:
         if self._in_index is None:
@@ -383,90 +386,35 @@ class RelationalMap:
             )
         table = self._cache.get("neighbor_table")
         if table is None:
-            table = self._table_from_pairs(self.num_out, self.out_index, self.in_index)
+            table = self.table_from_pairs(self.num_out, self.out_index, self.in_index)
             self._cache["neighbor_table"] = table
         return table
 
-    def _table_from_pairs(self, num_rows: int, rows: Tensor, values: Tensor) -> Tensor:
+    def table_from_pairs(self, num_rows: int, rows: Tensor, values: Tensor) -> Tensor:
         """`[num_rows, R]` table holding values[p] at (rows[p], relation of p), -1 elsewhere."""
         table = torch.full((num_rows, self.num_relations), -1, dtype=self.index_dtype, device=self.device)
         table[rows.long(), self.relation_of_pairs()] = values
         return table
 
-    def _order_once_worth(self, order_key: str, work_key: str, table, work: float, threshold: float):
-        """The cached sort (`_sorted_rows`) of `table()` once the work of the forwards that asked for
-        it, this one included, reaches `threshold`; None before."""
-        order = self._cache.get(order_key)
-        if order is None:
-            done = self._cache.get(work_key, 0.0) + work
-            self._cache[work_key] = done
-            if done >= threshold:
-                order = self._sorted_rows(order_key, table)
-        return order
-
-    def _sorted_rows(self, order_key: str, table) -> Tensor:
-        """`neighbor_table_order` of `table()` (a CUDA op), cached under `order_key`."""
-        order = self._cache.get(order_key)
-        if order is None:
-            from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
-
-            order = torch.ops.relconv.neighbor_table_order(table())
-            self._cache[order_key] = order
-        return order
+    def table_order(self) -> Tensor:
+        """The outputs sorted by the relations they use, the CUDA table kernel's schedule
+        (relconv.ops.map_views.table_order). CUDA maps only; cached."""
+        return _view("table_order")(self)
 
     def reused_table_order(self, work: float = 1.0, threshold: float = 2.0) -> Tensor | None:
         """`table_order()` once the table forwards over this map have done `threshold` work in all
-        (`work` per call, this one included), None before; with the defaults, from the second call
-        on. The sort costs host time (about 15 CUDA API calls) and ~55 us of GPU time, and saves
-        kernel time in proportion to the work it orders (a cached subm 3^3 C64 layer's kernel:
-        101 -> 79 us): a map that a few small layers use once, as in a network over a new scan,
-        runs unsorted, while a cached map or a large layer is sorted (relconv.ops.relational_conv
-        passes multiply-adds, `table_work`, against `SORT_WORK`)."""
-        return self._order_once_worth("table_order", "table_work", self.neighbor_table, work, threshold)
-
-    def table_order(self) -> Tensor:
-        """The outputs sorted by the relations they use (`[num_out]`, the table's index dtype):
-        the order in which the CUDA output-stationary kernel takes them, so that the rows of one
-        tile share relations and the kernel computes fewer empty (tile, relation) blocks. A
-        schedule only: each output is computed alone, the result does not depend on it. CUDA maps
-        only (the op that builds it is a CUDA kernel); cached.
-        """
-        return self._sorted_rows("table_order", self.neighbor_table)
+        (`work` per call), None before (relconv.ops.map_views.reused_table_order)."""
+        return _view("reused_table_order")(self, work, threshold)
 
     def transposed_neighbor_table(self) -> Tensor:
         """Neighbour table of the transposed map `[num_in, R]`: the output row each input feeds in
-        each relation, or -1; the table dtype. Cached.
-
-        Only defined for injective maps (`injective`), where an input feeds at most one output per
-        relation; the CUDA input gradient of a table forward runs over it. On CUDA it is the
-        `transpose_neighbor_table` kernel over the neighbour table (no pairs, no host sync); on the
-        CPU, whose kernel never reads it, it is built from the pairs.
-        """
-        if not self.injective:
-            raise ValueError(
-                "transposed_neighbor_table needs a map injective per relation both ways "
-                "(injective=True, as voxel kernel maps are); a map that repeats an input within a "
-                "relation has no transposed table"
-            )
-        table = self._cache.get("transposed_neighbor_table")
-        if table is None:
-            if self.device.type == "cuda":
-                from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
-
-                table = torch.ops.relconv.transpose_neighbor_table(self.neighbor_table(), self.num_in)
-            else:
-                table = self._table_from_pairs(self.num_in, self.in_index, self.out_index)
-            self._cache["transposed_neighbor_table"] = table
-        return table
+        each relation, or -1. Injective maps only; cached (relconv.ops.map_views)."""
+        return _view("transposed_neighbor_table")(self)
 
     def transposed_table_order(self, work: float = 1.0, threshold: float = 2.0) -> Tensor | None:
-        """Schedule order `[num_in]` of `transposed_neighbor_table()` (`neighbor_table_order` of it),
-        once the input gradients over it have done `threshold` work (`work` per call), None before;
-        cached. The same trade as `reused_table_order`. CUDA maps only (the op that builds it is a
-        CUDA kernel)."""
-        return self._order_once_worth(
-            "transposed_table_order", "transposed_table_work", self.transposed_neighbor_table, work, threshold
-        )
+        """Schedule order of `transposed_neighbor_table()` once the input gradients over it have done
+        `threshold` work, None before (relconv.ops.map_views.transposed_table_order)."""
+        return _view("transposed_table_order")(self, work, threshold)
 
     # ------------------------------------------------------------------ validation
     def _check_metadata(self) -> None:

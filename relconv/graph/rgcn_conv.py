@@ -18,7 +18,7 @@ from torch_geometric.typing import SparseTensor
 
 from relconv.graph.graph_map import AGGRS, RGCNMap
 from relconv.graph.map_cache import cached_rgcn_map
-from relconv.ops.relational_conv import acc_dtype, relational_conv
+from relconv.ops import ConvPlan, acc_dtype, plan, relational_conv
 
 NodeInput = Tensor | None
 """Float features [N, C], a 1-D integer tensor of node ids (featureless), or None (= all node ids)."""
@@ -153,6 +153,25 @@ class RGCNConv(MessagePassing):
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    def execution_plan(
+        self,
+        x: Tensor,
+        edge_index: Tensor | SparseTensor | RGCNMap,
+        edge_type: Tensor | None = None,
+        *,
+        requires_grad: bool | None = None,
+        arch: tuple[int, int] | None = None,
+    ) -> ConvPlan:
+        """How this layer's relational convolution runs over float features `x` (see
+        `relconv.ops.plan`: dataflow, kernel and why); `arch` plans for that CUDA compute capability."""
+        num = self._num_nodes("x", x, self.in_channels_l)
+        graph = self._graph(edge_index, edge_type, (num, num))
+        weight = self._relation_weight()
+        precision = x.dtype if x.is_floating_point() else weight.dtype
+        rmap = graph.conv_map(graph.pair_scale(None, precision)) if graph.aggr != "max" else graph.slot_map
+        groups = 1 if self.num_blocks is None else self.num_blocks
+        return plan(rmap, x, weight, groups, requires_grad=requires_grad, arch=arch)
 
     def __repr__(self) -> str:
         name = self.__class__.__name__

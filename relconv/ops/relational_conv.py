@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from relconv._ext import _C, call_op
 from relconv.core.relational_map import RelationalMap
-from relconv.ops.dataflow import Dataflow, resolve_dataflow
+from relconv.ops import map_views as views
+from relconv.ops.dataflow import Dataflow
+from relconv.ops.planning import decide
 
 ACTIVATIONS = (None, "relu")
 
@@ -96,7 +99,30 @@ def relational_conv(
     return run_conv(conv_call(x, weight, rmap, groups, dataflow, bias, activation))
 
 
-def run_conv(call: tuple[tuple, tuple]) -> Tensor:
+class ConvArgs(NamedTuple):
+    """The `relconv::relational_conv` op's arguments by name, in its schema's order (csrc/library.cpp
+    documents each)."""
+
+    x: Tensor
+    weight: Tensor
+    in_index: Tensor
+    out_index: Tensor
+    rel_ptr: Tensor
+    scale: Tensor | None
+    num_out: int
+    neighbor_table: Tensor | None = None
+    table_order: Tensor | None = None
+    bias: Tensor | None = None
+    relu: bool = False
+    transposed_table: Tensor | None = None
+    transposed_order: Tensor | None = None
+
+
+# tuple.__new__ fills a ConvArgs without the Python frame of its generated __new__ (host time per call).
+_new_args = tuple.__new__
+
+
+def run_conv(call: tuple[ConvArgs, tuple]) -> Tensor:
     """Launches a convolution prepared by `conv_call`."""
     return call_op(_C.relational_conv, _conv, *call)
 
@@ -109,10 +135,11 @@ def conv_call(
     dataflow: Dataflow = Dataflow.AUTO,
     bias: Tensor | None = None,
     activation: str | None = None,
-) -> tuple[tuple, tuple]:
-    """`relational_conv` up to its launch: its arguments checked and the op's arguments (and the
-    tensors that may carry a `__torch_function__` override) returned for `run_conv`. Split so that a
-    caller can do host work between the two (relconv.voxel's deferred coordinate check)."""
+) -> tuple[ConvArgs, tuple]:
+    """`relational_conv` up to its launch: its arguments checked, the plan decided
+    (`relconv.ops.planning.decide`) and the op's arguments (and the tensors that may carry a
+    `__torch_function__` override) returned for `run_conv`. Split so that a caller can do host work
+    between the two (relconv.voxel's deferred coordinate check) or keep the call (`prepare`)."""
     if not isinstance(rmap, RelationalMap):
         raise TypeError(f"rmap must be a RelationalMap, got {type(rmap).__name__}")
     if not isinstance(x, Tensor) or x.dim() != 2:
@@ -135,73 +162,51 @@ def conv_call(
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     b = None if bias is None else _bias_for(bias, x, c_out)
-    cuda = x.is_cuda
-    # Only a CUDA forward runs a table, but a forced choice the map cannot run raises on the CPU too;
-    # resolving AUTO on the CPU decided nothing and cost ~1 us per call.
-    resolve = cuda or dataflow is not Dataflow.AUTO
-    compute_dtype = compute_dtype_for(x.dtype, x) if resolve else x.dtype
-    stationary = resolve and _output_stationary(
-        rmap, compute_dtype, dataflow, c_out // groups, rmap.unique_slots
-    )
-    table = rmap.neighbor_table() if stationary and cuda else None
     grad = torch.is_grad_enabled()
     x_grad = grad and x.requires_grad
     w_grad = grad and weight.requires_grad
-    # The input gradient of a table forward runs the table kernel too when the map is injective both
-    # ways (voxel maps): then the transposed map has a neighbour table. Maps with unique slots that
-    # repeat an input within a relation have none and keep the pair path for it.
-    transposed = transposed_order = None
-    if (
-        table is not None
-        and x_grad
-        and rmap.injective
-        and _output_stationary(rmap, compute_dtype, dataflow, c_in // groups, True)
-    ):
-        transposed = rmap.transposed_neighbor_table()
-        transposed_order = rmap.transposed_table_order(table_work(rmap.num_in, weight), SORT_WORK)
-    # The table forward reads no pairs: a map built as a table passes none unless autograd will read
-    # them (the weight gradient always, the input gradient when it has no transposed table; the
-    # bias gradient needs none). Pairs that are passed come padded from the device (kernel_pairs):
-    # no host sync either way.
-    needs_pairs = w_grad or (x_grad and transposed is None)
-    if table is not None and not needs_pairs and not rmap.has_pairs:
-        in_index, out_index, rel_ptr = rmap.absent_pairs()
+    _, table_fwd, table_dgrad, pairs = decide(
+        rmap, x, dataflow, c_in // groups, c_out // groups, x_grad, w_grad
+    )
+    if table_fwd:
+        table, order, transposed, transposed_order, in_index, out_index, rel_ptr = views.table_views(
+            rmap, weight, table_dgrad, pairs
+        )
     else:
-        in_index, out_index, rel_ptr = rmap.kernel_pairs()
-    order = None if table is None else rmap.reused_table_order(table_work(rmap.num_out, weight), SORT_WORK)
-    args = (
-        x,
-        weight,
-        in_index,
-        out_index,
-        rel_ptr,
-        _scale_for(rmap, x.dtype),
-        rmap.num_out,
-        table,
-        order,
-        b,
-        activation == "relu",
-        transposed,
-        transposed_order,
+        table = order = transposed = transposed_order = None
+        in_index, out_index, rel_ptr = views.kernel_pairs(rmap)
+    args = _new_args(
+        ConvArgs,
+        (
+            x,
+            weight,
+            in_index,
+            out_index,
+            rel_ptr,
+            _scale_for(rmap, x.dtype),
+            rmap.num_out,
+            table,
+            order,
+            b,
+            activation == "relu",
+            transposed,
+            transposed_order,
+        ),
     )
     return args, (x, weight, b)
 
 
-# Multiply-adds per relation slot (rows * C_in * C_out), summed over the table forwards of a map,
-# from which the map's table is sorted (neighbor_table_order; RelationalMap.reused_table_order). The
-# sort costs ~55 us plus ~0.1 us per thousand rows of GPU time and ~15 CUDA API calls of host time;
-# it saves kernel time in proportion to the work. Measured on an H100, subm 3^3 fp16 (kernel us,
-# natural -> sorted order, sort us): 75k rows C128 176 -> 119 (58), 130k C64 125 -> 94 (63), 171k C64
-# 155 -> 115 (66) and C128 399 -> 218, 3.5M C64 3422 -> 2187 (386): one layer's sort pays from about
-# 350k rows at C64 and 90k at C128, i.e. this much work; a map's uses add up to it.
-SORT_WORK = 1.5e9
-
-
-def table_work(rows: int, weight: Tensor) -> float:
-    """Multiply-adds of a table forward of `rows` rows through `weight` ([R, C_in, C_out] or
-    [R, G, C_in_g, C_out_g]), per relation slot."""
-    # A relation's weight holds the multiply-adds per row in either layout (G * C_in_g * C_out_g).
-    return float(rows * math.prod(weight.shape[1:]))
+def prepare(args: ConvArgs, rmap: RelationalMap) -> Callable[[Tensor, Tensor, Tensor | None], Tensor | None]:
+    """A call prepared by `conv_call`, kept for reuse: `run(x, weight, bias)` runs the op with every
+    other argument bound, or returns None once the call state it was prepared under (grad mode,
+    autocast, TF32 / determinism switches, operand dtypes and shapes) no longer holds. Whatever
+    `conv_call` would still decide on a later call is decided now: the tables' schedules are sorted
+    (a layer that runs again over the same map is the reuse that pays for the sort)."""
+    if args.neighbor_table is not None:
+        args = args._replace(table_order=views.table_order(rmap))
+    if args.transposed_table is not None:
+        args = args._replace(transposed_order=views.transposed_table_order(rmap, threshold=0.0))
+    return _C.PreparedConv(*args).run
 
 
 def _bias_for(bias: object, x: Tensor, c_out: int) -> Tensor:
@@ -222,26 +227,6 @@ def _bias_for(bias: object, x: Tensor, c_out: int) -> Tensor:
     return bias
 
 
-def _output_stationary(
-    rmap: RelationalMap, compute_dtype: torch.dtype, dataflow: Dataflow, out_channels: int, unique_slots: bool
-) -> bool:
-    """Whether a forward of `out_channels` outputs over `rmap` (or over its transposed map, whose
-    slots are unique when rmap is injective: the input gradient of a table forward) runs
-    output-stationary. AUTO may send a narrow exact fp32 layer's wider input gradient to the pairs."""
-    flow = resolve_dataflow(dataflow, compute_dtype, unique_slots, rmap.scale is not None, out_channels)
-    return flow is Dataflow.OUTPUT_STATIONARY
-
-
-def compute_dtype_for(dtype: torch.dtype, like: Tensor) -> torch.dtype:
-    """The dtype an operand of `dtype` computes in on `like`'s device: the autocast dtype for float32
-    under autocast (the op's autocast kernel casts on entry), else `dtype` itself."""
-    if dtype == torch.float32:
-        device = "cuda" if like.is_cuda else like.device.type  # the literal: Tensor.device.type ~0.25 us
-        if torch.is_autocast_enabled(device):
-            return torch.get_autocast_dtype(device)
-    return dtype
-
-
 def relational_conv_weight_grad(x: Tensor, grad_out: Tensor, rmap: RelationalMap, groups: int = 1) -> Tensor:
     """`dW[r] = sum over pairs p of relation r of scale[p] * x[i]^T grad_out[o]`.
 
@@ -252,7 +237,7 @@ def relational_conv_weight_grad(x: Tensor, grad_out: Tensor, rmap: RelationalMap
             f"x rows ({x.shape[0]}) / grad_out rows ({grad_out.shape[0]}) must equal the map's "
             f"num_in ({rmap.num_in}) / num_out ({rmap.num_out})"
         )
-    in_index, out_index, rel_ptr = rmap.kernel_pairs()
+    in_index, out_index, rel_ptr = views.kernel_pairs(rmap)
     return _weight_grad(x, grad_out, in_index, out_index, rel_ptr, _scale_for(rmap, x.dtype), groups)
 
 

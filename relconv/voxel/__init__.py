@@ -7,6 +7,7 @@ negative coordinates, map caching and `indice_key`).
 from relconv.voxel.conv import Conv3d, conv3d
 from relconv.voxel.fuse import fold_batchnorm, fuse_conv_bn
 from relconv.voxel.kernel_map import (
+    MapCache,
     generative_map,
     kernel_offsets,
     strided_map,
@@ -17,7 +18,7 @@ from relconv.voxel.kernel_map import (
 from relconv.voxel.nn import BatchNorm, Dropout, LeakyReLU, ReLU, Sequential, inference_folding
 from relconv.voxel.pool import AvgPool3d, GlobalAvgPool, GlobalMaxPool, MaxPool3d, global_pool, pool3d
 from relconv.voxel.sync_nn import SyncBatchNorm, convert_sync_batchnorm
-from relconv.voxel.tensor import MapCache, VoxelTensor, cat
+from relconv.voxel.tensor import VoxelTensor, cat
 from relconv.voxel.voxelize import Voxelized, collate, devoxelize, voxelize
 
 __all__ = [

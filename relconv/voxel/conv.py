@@ -31,9 +31,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from relconv._ext import _C, direct_ok
-from relconv.ops.relational_conv import ACTIVATIONS, conv_call, run_conv
-from relconv.voxel.maps import LayerMap, layer_map
+from relconv.ops import ACTIVATIONS, ConvPlan, conv_call, direct_ok, plan, prepare, run_conv
+from relconv.voxel.kernel_map import LayerMap, layer_map
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import Triple, registered, triple
 
@@ -73,7 +72,7 @@ def conv3d(
     if weight.shape[0] != math.prod(k):
         raise ValueError(f"weight has {weight.shape[0]} offsets but kernel_size {k} has {math.prod(k)}")
     _check_activation(activation)
-    return _conv3d(x, weight, k, s, d, groups, bias, transposed, generative, indice_key, activation)
+    return run_layer(x, weight, k, s, d, groups, bias, transposed, generative, indice_key, activation)
 
 
 def _check_activation(activation: str | None) -> None:
@@ -81,7 +80,7 @@ def _check_activation(activation: str | None) -> None:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-def _conv3d(
+def run_layer(
     x: VoxelTensor,
     weight: Tensor,
     k: Triple,
@@ -93,10 +92,11 @@ def _conv3d(
     generative: bool,
     indice_key: str | None,
     activation: str | None,
-    planner: nn.Module | None = None,
+    layer: Conv3d | None = None,
 ) -> VoxelTensor:
-    """conv3d on validated, normalised arguments (the per-call path of `Conv3d`, which passes itself
-    as `planner`: see `LayerPlan`)."""
+    """conv3d on validated, normalised arguments: the per-call path of `conv3d`, of `Conv3d` (which
+    passes itself as `layer`, to keep its prepared call: see `LayerPlan`) and of the folded layers of
+    `relconv.voxel.Sequential`."""
     if k == (1, 1, 1) and s == (1, 1, 1) and groups == 1 and indice_key is None:
         # A 1x1x1 submanifold conv is a plain matmul; skip the identity map.
         # squeeze, not weight[0]: a select's backward zero-fills and copies (two launches per step).
@@ -106,8 +106,8 @@ def _conv3d(
     lm = layer_map(x, k, s, d, transposed, generative, indice_key, defer_check=True)
     # Bias and ReLU go into the op: on CUDA's output-stationary path they are the kernel's epilogue.
     call = conv_call(x.feats, weight, lm.rmap, groups, bias=bias, activation=activation)
-    if lm.unchecked is None and planner is not None and lm.out_cache is x.cache:
-        _plan(x, planner, call, bias, lm)
+    if lm.unchecked is None and layer is not None and lm.out_cache is x.cache:
+        layer._keep(x, call[0], bias, lm)
     out = run_conv(call)
     if lm.unchecked is not None:
         # New CUDA coordinates are checked once the conv is queued: the check waits only for the
@@ -117,49 +117,29 @@ def _conv3d(
         # its result never leaves: the check raises first. H100, fresh subm 3^3 C64 fp16, in-process
         # A/B (us, latency / queued), check before the conv's launch -> after it: 64-beam 188 / 118
         # -> 176 / 118, 32-beam 128 / 98 -> 113 / 95, real scan 139 / 99 -> 141 / 101, 171k rows
-        # 255 / 211 -> 245 / 209 (gpu_checks/session16_probes.txt).
+        # 255 / 211 -> 245 / 209 (python -m benchmarks.run --suite voxel).
         lm.unchecked.ensure_valid()
     return VoxelTensor._trusted(out, lm.out_coords, lm.out_stride, lm.out_cache)
 
 
 class LayerPlan(NamedTuple):
-    """A `Conv3d`'s prepared call over one coordinate set, kept in its `MapCache.plans`.
+    """A `Conv3d`'s prepared call over one coordinate set, kept on the module (`Conv3d._prepared`,
+    keyed by the set's `MapCache`).
 
-    Preparing a call (map lookup, dataflow choice, table schedule, pair lists, checks) cost about as
-    much host time as the op's dispatch and launch: a cached C64 fp16 layer took 28-31 us to enqueue
-    on an H100 host, the op alone 12.7. A layer's second call over the same coordinates stores the
-    prepared op call (`_C.ConvPlan`, which re-checks the call state it was made under in C++), and
-    later calls run it straight from `Conv3d.forward`. A network over a new scan calls each layer
-    once per scan and so builds no plans, only the marks (`run` None) of first calls.
+    Preparing a call (map lookup, execution plan, table schedule, pair lists, checks) costs about as
+    much host time as the op's dispatch and launch: a cached C64 fp16 layer takes 28-31 us to
+    enqueue on an H100 host that way, the op alone 12.7. A layer's second call over the same
+    coordinates keeps the prepared op call (`relconv.ops.prepare`, which re-checks the call state it
+    was made under in C++), and later calls run it straight from `Conv3d.forward`. A network over a
+    new scan calls each layer once per scan and so prepares no calls, only the marks (`run` None) of
+    first calls, which leave with the scan's coordinates.
     """
 
-    owner: weakref.ref  # the module; its id keys the plan, and ids are reused once a module dies
+    cache: weakref.ref  # the coordinate set's MapCache; its id keys the plan, and ids are reused
     in_stride: Triple
     run: Callable[[Tensor, Tensor, Tensor | None], Tensor | None] | None
     out_coords: Tensor | None
     out_stride: Triple | None
-
-
-def _plan(x: VoxelTensor, owner: nn.Module, call: tuple, bias: Tensor | None, lm: LayerMap) -> None:
-    """Marks `owner`'s first call over x's coordinates and stores its prepared call at the second.
-
-    The stored call is the same for every later one, so whatever `conv_call` would still decide is
-    decided here: the tables' schedules are sorted now (`conv_call` sorts a map once enough work
-    has run over it, `RelationalMap.reused_table_order`; a layer that runs again over the same map
-    is that reuse). A bias that needs a cast per call gets no plan."""
-    plans, key = x.cache.plans, id(owner)
-    seen = plans.get(key)
-    if seen is None or seen.owner() is not owner:
-        plans[key] = LayerPlan(weakref.ref(owner), x.stride, None, None, None)
-        return
-    args = list(call[0])
-    if args[9] is not bias:
-        return
-    if args[7] is not None:
-        args[8] = lm.rmap.table_order()
-    if args[11] is not None:
-        args[12] = lm.rmap.transposed_table_order(threshold=0.0)  # sorted now
-    plans[key] = LayerPlan(seen.owner, x.stride, _C.ConvPlan(*args).run, lm.out_coords, lm.out_stride)
 
 
 class Conv3d(nn.Module):
@@ -217,6 +197,7 @@ class Conv3d(nn.Module):
         )
         self.weight = nn.Parameter(torch.empty(shape))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self._prepared: dict[int, LayerPlan] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -232,18 +213,19 @@ class Conv3d(nn.Module):
             raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
         weight, bias = registered(self, "weight"), registered(self, "bias")
         if direct_ok((x.feats, weight, bias)):
-            plan = x.cache.plans.get(id(self))
+            cache = x.cache
+            plan = self._prepared.get(id(cache))
             if (
                 plan is not None
                 and plan.run is not None
-                and plan.owner() is self
+                and plan.cache() is cache
                 and plan.in_stride == x.stride
             ):
                 out = plan.run(x.feats, weight, bias)
                 if out is not None:
-                    return VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, x.cache)
+                    return VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, cache)
         # Arguments were validated and normalised in __init__: the per-call path does no re-checking.
-        return _conv3d(
+        return run_layer(
             x,
             weight,
             self.kernel_size,
@@ -255,8 +237,40 @@ class Conv3d(nn.Module):
             self.generative,
             self.indice_key,
             self.activation,
-            planner=self,
+            layer=self,
         )
+
+    def execution_plan(
+        self, x: VoxelTensor, *, requires_grad: bool | None = None, arch: tuple[int, int] | None = None
+    ) -> ConvPlan:
+        """How this layer's relational convolution runs over `x` (see `relconv.ops.plan`: dataflow,
+        kernel and why); `arch` plans for that CUDA compute capability. Builds the layer's map."""
+        lm = layer_map(
+            x, self.kernel_size, self.stride, self.dilation, self.transposed, self.generative, self.indice_key
+        )
+        weight = registered(self, "weight")
+        return plan(lm.rmap, x.feats, weight, self.groups, requires_grad=requires_grad, arch=arch)
+
+    def _keep(self, x: VoxelTensor, args, bias: Tensor | None, lm: LayerMap) -> None:
+        """Marks this layer's first call over x's coordinates and keeps its prepared call
+        (`relconv.ops.prepare`) at the second. A bias that needs a cast per call gets none."""
+        cache, key = x.cache, id(x.cache)
+        seen = self._prepared.get(key)
+        if seen is None or seen.cache() is not cache:
+            # The mark leaves with the coordinates: a network over a new scan keeps no marks.
+            prepared = self._prepared
+            ref = weakref.ref(cache, lambda _, key=key: prepared.pop(key, None))
+            prepared[key] = LayerPlan(ref, x.stride, None, None, None)
+            return
+        if args.bias is not bias:
+            return
+        self._prepared[key] = seen._replace(
+            run=prepare(args, lm.rmap), out_coords=lm.out_coords, out_stride=lm.out_stride
+        )
+
+    def __getstate__(self) -> dict:
+        # A prepared call is bound to tensors of this process: copies and pickles start without.
+        return {**self.__dict__, "_prepared": {}}
 
     def extra_repr(self) -> str:
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"

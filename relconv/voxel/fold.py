@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from relconv.ops.relational_conv import compute_dtype_for
+from relconv.ops import compute_dtype_for
 from relconv.voxel.utils import registered
 
 

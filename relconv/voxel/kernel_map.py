@@ -1,17 +1,24 @@
-"""Kernel maps from coordinates: a CUDA hash-table engine, and a torch reference for every device.
+"""Kernel maps of voxel layers, in one place: the map cache of a coordinate set (`MapCache`), the
+map a layer applies (`layer_map`, which finds or builds it), and one builder per map kind
+(`submanifold_map`, `strided_map`, `transposed_map`, `generative_map`).
+
+Automatic reuse: maps are keyed by (kind, tensor stride, kernel size, conv stride, dilation), so every
+layer with the same geometry on tensors derived from the same coordinates shares one map. Explicit
+reuse: an `indice_key` names a map; a transposed conv with the name of an earlier strided conv runs
+that map transposed and returns the strided conv's input coordinates (spconv's inverse conv).
 
 CUDA coordinates go to the `relconv::coord_hash` / `kernel_map_table` / `strided_coords` ops
-(csrc/cuda/kernel_map*.cuh; a map from a set with no hash yet runs them, and the check of the new
-set, as one op call: `hashed_submanifold_table`, `hashed_strided_table`): a hash table over the
-coordinate rows (kept per coordinate set in a `CoordIndex`) answers every kernel-offset query of
-every output straight into the output-stationary neighbour table `[num_out, K]`, and the map is
-built from that table with its pair lists left to materialise on first use. No coordinate bounds,
-no packing, no copies from the host; host syncs: one to validate a new coordinate set (none for
-coordinates relconv's strided builder made) and one per downsampling step to size its output (the
-validation read rides along with it).
+(relconv.ops.coord_ops; a map from a set with no hash yet runs them, and the check of the new set, as
+one op call: `hashed_submanifold_table`, `hashed_strided_table`): a hash table over the coordinate
+rows (kept per coordinate set in a `CoordIndex`) answers every kernel-offset query of every output
+straight into the output-stationary neighbour table `[num_out, K]`, and the map is built from that
+table with its pair lists left to materialise on first use. No coordinate bounds, no packing, no
+copies from the host; host syncs: one to validate a new coordinate set (none for coordinates
+relconv's strided builder made) and one per downsampling step to size its output (the validation
+read rides along with it).
 
 CPU coordinates (and generative maps) take the torch path: each builder packs the coordinates into
-int64 keys (`relconv.voxel.keys`), sorts the input keys once, forms the query keys of ALL K kernel
+int64 keys (`KeyPacking`, below), sorts the input keys once, forms the query keys of ALL K kernel
 offsets at once as a `[K, num_out]` tensor and looks them up with one `torch.searchsorted`; the hits
 become the pairs of a `RelationalMap` whose relation is the kernel offset index. `nonzero` over the
 `[K, num_out]` hit mask yields pairs already grouped by offset and, within an offset, sorted by
@@ -19,27 +26,126 @@ output row: the canonical (relation, out, in) order of `RelationalMap.from_tripl
 its extra sort. Strided output coordinates come out sorted by (batch, x, y, z) on this path and in
 order of first occurrence on the CUDA path; both are the same set.
 
+Keys (also VoxelTensor.coalesce's and voxelize's): a key is `((b * Sx + x') * Sy + y') * Sz + z'`
+with `x' = x - lo_x` etc., where `lo` is the per-call minimum minus a margin and `S` the per-axis
+span plus the margin on both sides. Because every shifted field stays in `[0, S)` for all
+coordinates a call can form (inputs, outputs and input + kernel offset), adding an offset's key
+delta to a key is the key of the offset coordinate: no carries, no aliasing. Negative coordinates
+are therefore accepted everywhere (the shift makes them non-negative); only scenes whose packed span
+exceeds 62 bits are rejected, before any key is formed.
+
 Offsets follow `relconv.voxel.conv`'s convention: x slowest, z fastest; per axis an odd kernel k
 covers -(k-1)/2 .. (k-1)/2 and an even kernel covers 0 .. k-1, times dilation * tensor stride.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
 import torch
 from torch import Tensor
 
-from relconv import _ext  # noqa: F401  (registers torch.ops.relconv)
 from relconv.core import RelationalMap, index_dtype_for
-from relconv.voxel.keys import KeyPacking, bounds, make_packing
+from relconv.ops import coord_ops
 from relconv.voxel.utils import Triple
 
-# The overloads themselves: calling through the op packet resolves the overload on every call.
-_COORD_HASH = torch.ops.relconv.coord_hash.default
-_KERNEL_MAP_TABLE = torch.ops.relconv.kernel_map_table.default
-_STRIDED_COORDS = torch.ops.relconv.strided_coords.default
-_HASHED_STRIDED_TABLE = torch.ops.relconv.hashed_strided_table.default
-_HASHED_SUBMANIFOLD_TABLE = torch.ops.relconv.hashed_submanifold_table.default
-_CHECK_COORDS = torch.ops.relconv.check_coords.default
+# ---------------------------------------------------------------------------- coordinate keys
+
+# Keys stay below 2^62 so that key + (positive or negative) offset delta never overflows int64.
+_MAX_KEY_BITS = 62
+
+
+def check_coords(coords: object, name: str = "coords") -> Tensor:
+    """Validates an integer `[N, 4]` (batch, x, y, z) coordinate tensor and returns it unchanged.
+
+    Raises TypeError for a non-tensor or a non-integer dtype, ValueError for a wrong shape or a
+    negative batch index (batch indices are sample ids, never shifted).
+    """
+    if not isinstance(coords, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(coords).__name__}")
+    if coords.dtype.is_floating_point or coords.dtype.is_complex or coords.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor (int32), got {coords.dtype}")
+    if coords.dim() != 2 or coords.shape[1] != 4:
+        raise ValueError(f"{name} must have shape [N, 4] = (batch, x, y, z), got {tuple(coords.shape)}")
+    return coords
+
+
+@dataclass(frozen=True)
+class KeyPacking:
+    """Per-call packing: `key = sum_a (c_a - lo[a]) * mult[a]` over columns (batch, x, y, z)."""
+
+    lo: tuple[int, int, int, int]
+    span: tuple[int, int, int, int]
+
+    @property
+    def mult(self) -> tuple[int, int, int, int]:
+        sz = self.span[3]
+        sy = self.span[2] * sz
+        sx = self.span[1] * sy
+        return (sx, sy, sz, 1)
+
+    def pack(self, coords: Tensor) -> Tensor:
+        """[N, 4] integer coordinates -> [N] int64 keys (order = lexicographic (b, x, y, z))."""
+        c = coords.long()
+        lo = torch.tensor(self.lo, dtype=torch.int64, device=c.device)
+        mult = torch.tensor(self.mult, dtype=torch.int64, device=c.device)
+        return ((c - lo) * mult).sum(1)
+
+    def unpack(self, keys: Tensor) -> Tensor:
+        """[N] int64 keys -> [N, 4] int32 coordinates."""
+        cols = []
+        rest = keys
+        for mult, lo in zip(self.mult, self.lo, strict=True):
+            q = torch.div(rest, mult, rounding_mode="floor")
+            rest = rest - q * mult
+            cols.append(q + lo)
+        return torch.stack(cols, 1).to(torch.int32)
+
+    def delta(self, offsets: Tensor) -> Tensor:
+        """[K, 3] spatial offsets -> [K] int64 key deltas (valid because fields never carry)."""
+        mult = torch.tensor(self.mult[1:], dtype=torch.int64, device=offsets.device)
+        return (offsets.long() * mult).sum(1)
+
+
+def bounds(coords: Tensor) -> tuple[list[int], list[int]]:
+    """Per-column min and max of `[N, 4]` coordinates (one host synchronisation)."""
+    if coords.shape[0] == 0:
+        return [0, 0, 0, 0], [0, 0, 0, 0]
+    lo, hi = torch.aminmax(coords.long(), dim=0)
+    both = torch.stack([lo, hi]).tolist()
+    return both[0], both[1]
+
+
+def make_packing(lo: list[int], hi: list[int], margin: tuple[int, int, int]) -> KeyPacking:
+    """Packing for coordinates in `[lo - margin, hi + margin]` per spatial axis.
+
+    Raises ValueError (naming `coords`) when the batch index is negative or the packed span would
+    need more than 62 bits, i.e. when keys could alias.
+    """
+    if lo[0] < 0:
+        raise ValueError(f"coords batch indices (column 0) must be non-negative, got min {lo[0]}")
+    for a in range(3):
+        if lo[a + 1] - margin[a] < -(2**31) or hi[a + 1] + margin[a] >= 2**31:
+            raise ValueError(
+                f"coords axis {'xyz'[a]} range [{lo[a + 1]}, {hi[a + 1]}] plus kernel reach {margin[a]} "
+                "leaves the int32 coordinate range"
+            )
+    lo_s = [0] + [lo[a + 1] - margin[a] for a in range(3)]
+    span = [hi[0] + 1] + [hi[a + 1] - lo[a + 1] + 2 * margin[a] + 1 for a in range(3)]
+    total = 1
+    for s in span:
+        total *= s
+    if total >= 2**_MAX_KEY_BITS:
+        raise ValueError(
+            f"coords span too large to pack into 62-bit keys without aliasing: batch size {span[0]}, "
+            f"extent (x, y, z) = {tuple(span[1:])} including kernel reach {tuple(margin)}; "
+            "use a coarser voxel size or split the scene"
+        )
+    return KeyPacking(tuple(lo_s), tuple(span))
+
+
+# ---------------------------------------------------------------------------- the CUDA hash table
 
 
 class CoordIndex:
@@ -73,7 +179,7 @@ class CoordIndex:
     def slots(self) -> Tensor:
         """The hash table (int32 row per slot, -1 empty); no host synchronisation."""
         if self._slots is None:
-            self._slots, error = _COORD_HASH(self.coords)
+            self._slots, error = coord_ops.coord_hash(self.coords)
             if not self.validated:
                 self._error = error
         return self._slots
@@ -108,7 +214,7 @@ class CoordIndex:
         error = self.pending_error()
         if error is None:
             return
-        _CHECK_COORDS(error, self._ticket)
+        coord_ops.check_coords(error, self._ticket)
         self.validated = True
         self._error, self._ticket = None, -1
 
@@ -119,6 +225,201 @@ class CoordIndex:
         # The word shares the table's buffer: an unchecked set keeps a copy of it.
         self._error = self._error.clone() if self._error is not None and not self.validated else None
         self._slots = None
+
+
+# ---------------------------------------------------------------------------- the cache
+
+
+@dataclass
+class MapEntry:
+    """One built kernel map and the coordinates on both of its sides."""
+
+    rmap: RelationalMap
+    in_coords: Tensor
+    in_stride: Triple
+    out_coords: Tensor
+    out_stride: Triple
+    transposed: RelationalMap | None = None
+
+
+@dataclass
+class MapCache:
+    """Kernel maps shared by every tensor derived from one set of coordinates.
+
+    `coords` holds the coordinates at each tensor stride reached so far (a transposed conv finds its
+    output coordinates here), `maps` the maps keyed by (kind, tensor stride, kernel size, conv stride,
+    dilation), `named` the maps registered under an `indice_key` and `indexes` the CUDA hash table
+    and validation state of the coordinates at each tensor stride.
+    """
+
+    coords: dict[Triple, Tensor] = field(default_factory=dict)
+    maps: dict[tuple, MapEntry] = field(default_factory=dict)
+    named: dict[str, MapEntry] = field(default_factory=dict)
+    indexes: dict[Triple, CoordIndex] = field(default_factory=dict)
+
+    def coord_index(self, coords: Tensor, stride: Triple) -> CoordIndex | None:
+        """The `CoordIndex` of CUDA `coords` at tensor stride `stride` (created once); None on CPU."""
+        if not coords.is_cuda:
+            return None
+        index = self.indexes.get(stride)
+        if index is None or index.coords is not coords:
+            index = CoordIndex(coords)
+            self.indexes[stride] = index
+        return index
+
+
+# ---------------------------------------------------------------------------- a layer's map
+
+
+class Voxels(Protocol):
+    """What a layer's map reads of its input (a VoxelTensor)."""
+
+    coords: Tensor
+    stride: Triple
+    cache: MapCache
+
+    def __len__(self) -> int: ...
+
+
+class LayerMap(NamedTuple):
+    """What a layer runs: the map, the coordinates, stride and cache of its output, and (with
+    `layer_map(defer_check=True)`) the input's coordinate index whose check is still to run."""
+
+    rmap: RelationalMap
+    out_coords: Tensor
+    out_stride: Triple
+    out_cache: MapCache
+    unchecked: CoordIndex | None = None
+
+
+def layer_map(
+    x: Voxels,
+    kernel_size: Triple,
+    stride: Triple,
+    dilation: Triple,
+    transposed: bool = False,
+    generative: bool = False,
+    indice_key: str | None = None,
+    defer_check: bool = False,
+) -> LayerMap:
+    """The map a conv/pool layer applies to `x`, from the cache or freshly built (then cached).
+
+    A plain transposed conv outputs the coordinates the matching strided conv started from; a
+    generative one outputs new coordinates and so starts a new cache for them.
+    A new CUDA coordinate set is checked (duplicates, batch indices: one host sync) before this
+    returns, so nothing computed over a bad set is ever queued; with `defer_check` a submanifold
+    map's check is left to the caller instead (`LayerMap.unchecked.ensure_valid()`, before anything
+    computed over the map leaves it: work queued over the map before the check is memory-safe,
+    see `submanifold_map`, and the map's kernels run while the host queues it).
+    """
+    cache = x.cache
+    named = cache.named.get(indice_key) if indice_key is not None else None
+    if named is not None:
+        rmap, entry = _reuse_named(x, named, indice_key, transposed and not generative)
+    elif transposed and not generative:
+        entry = _downsampling_entry_for_transpose(x, kernel_size, stride, dilation)
+        rmap = _transposed(entry)
+    else:
+        entry = _forward_entry(x, kernel_size, stride, dilation, generative, defer_check)
+        rmap = entry.rmap
+    if indice_key is not None:
+        cache.named.setdefault(indice_key, entry)
+    # Only a submanifold build leaves its input unchecked (_forward_entry); a check that raised
+    # leaves it so for the next layer too.
+    index = cache.indexes.get(x.stride)
+    unchecked = index if index is not None and not index.validated and index.coords is x.coords else None
+    if unchecked is not None and not defer_check:
+        unchecked.ensure_valid()
+        unchecked = None
+    if transposed and not generative:
+        return LayerMap(rmap, entry.in_coords, entry.in_stride, cache, unchecked)
+    if generative:
+        fresh = MapCache()
+        fresh.coords[entry.out_stride] = entry.out_coords
+        return LayerMap(rmap, entry.out_coords, entry.out_stride, fresh, unchecked)
+    return LayerMap(rmap, entry.out_coords, entry.out_stride, cache, unchecked)
+
+
+def _forward_entry(
+    x: Voxels, k: Triple, s: Triple, d: Triple, generative: bool, defer_check: bool
+) -> MapEntry:
+    ts = x.stride
+    if generative:
+        if any(t % si for t, si in zip(ts, s, strict=True)):
+            raise ValueError(f"stride {s} must divide the tensor stride {ts} of a generative conv's input")
+        key = ("generative", ts, k, s, d)
+    else:
+        key = ("submanifold", ts, k, d) if s == (1, 1, 1) else ("strided", ts, k, s, d)
+    entry = x.cache.maps.get(key)
+    if entry is not None and entry.in_coords.shape[0] == x.feats.shape[0]:
+        return entry
+    if generative:  # the torch path: no CUDA hash table to share
+        rmap, out = generative_map(x.coords, k, s, d, ts)
+        entry = MapEntry(rmap, x.coords, ts, out, tuple(t // si for t, si in zip(ts, s, strict=True)))
+    elif s == (1, 1, 1):
+        index = x.cache.coord_index(x.coords, ts)
+        # Checked inside the map op unless deferred (one op call less; see layer_map).
+        rmap = submanifold_map(x.coords, k, d, ts, index=index, validate=not defer_check)
+        entry = MapEntry(rmap, x.coords, ts, x.coords, ts)
+    else:
+        out_ts = tuple(t * si for t, si in zip(ts, s, strict=True))
+        known = x.cache.coords.get(out_ts)
+        index = x.cache.coord_index(x.coords, ts)
+        rmap, out = strided_map(x.coords, k, s, d, ts, out_coords=known, index=index)
+        if known is None:
+            x.cache.coords[out_ts] = out
+            if out.is_cuda:
+                # Made by relconv's strided builder: unique by construction, never read back.
+                x.cache.indexes[out_ts] = CoordIndex(out, trusted=True)
+        entry = MapEntry(rmap, x.coords, ts, out, out_ts)
+    x.cache.maps[key] = entry
+    return entry
+
+
+def _downsampling_entry_for_transpose(x: Voxels, k: Triple, s: Triple, d: Triple) -> MapEntry:
+    ts = x.stride
+    if any(t % si for t, si in zip(ts, s, strict=True)):
+        raise ValueError(f"stride {s} must divide the tensor stride {ts} of a transposed conv's input")
+    out_ts = tuple(t // si for t, si in zip(ts, s, strict=True))
+    key = ("strided", out_ts, k, s, d) if s != (1, 1, 1) else ("submanifold", out_ts, k, d)
+    entry = x.cache.maps.get(key)
+    if entry is not None and entry.out_coords.shape[0] == x.feats.shape[0]:
+        return entry
+    fine = x.cache.coords.get(out_ts)
+    if fine is None:
+        raise ValueError(
+            f"transposed conv needs the coordinates at tensor stride {out_ts}, which this tensor's "
+            "cache has not seen; downsample from them first, pass the indice_key of that strided "
+            "conv, or use generative=True to create new coordinates"
+        )
+    index = x.cache.coord_index(fine, out_ts)
+    if s == (1, 1, 1):
+        entry = MapEntry(submanifold_map(fine, k, d, out_ts, index=index), fine, out_ts, fine, out_ts)
+    else:
+        rmap, out = strided_map(fine, k, s, d, out_ts, out_coords=x.coords, index=index)
+        entry = MapEntry(rmap, fine, out_ts, out, ts)
+    x.cache.maps[key] = entry
+    return entry
+
+
+def _transposed(entry: MapEntry) -> RelationalMap:
+    if entry.transposed is None:
+        entry.transposed = transposed_map(entry.rmap)
+    return entry.transposed
+
+
+def _reuse_named(x: Voxels, entry: MapEntry, name: str, transposed: bool) -> tuple:
+    expected = entry.out_coords.shape[0] if transposed else entry.in_coords.shape[0]
+    side = "output" if transposed else "input"
+    if expected != x.feats.shape[0]:
+        raise ValueError(
+            f"indice_key {name!r} names a map whose {side} has {expected} voxels, but the input has "
+            f"{len(x)}; a transposed conv reuses the map of the strided conv it inverts"
+        )
+    return (_transposed(entry) if transposed else entry.rmap), entry
+
+
+# ---------------------------------------------------------------------------- builders
 
 
 def _index_for(coords: Tensor, index: CoordIndex | None) -> CoordIndex:
@@ -141,7 +442,7 @@ def _table_map(
     num_in, num_out = in_coords.shape[0], out_coords.shape[0]
     volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
     dtype = index_dtype_for(num_in, num_out, num_out * volume)
-    table = _KERNEL_MAP_TABLE(in_coords, index.slots(), out_coords, kernel_size, step, dtype)
+    table = coord_ops.kernel_map_table(in_coords, index.slots(), out_coords, kernel_size, step, dtype)
     if validate:
         index.ensure_valid()
     return _from_table(table, index)
@@ -237,7 +538,7 @@ def submanifold_map(
             # A set that keeps its hash gets table and hash in one allocation.
             # A check left to the caller reads the word's published host copy (its ticket).
             early = not validate and not index.validated
-            slots, table, error, ticket = _HASHED_SUBMANIFOLD_TABLE(
+            slots, table, error, ticket = coord_ops.hashed_submanifold_table(
                 coords, kernel_size, step, check, keeps_hash, early
             )
             index.adopt(slots, None if check else error, ticket)
@@ -294,10 +595,12 @@ def strided_map(
             # The one host sync of a downsampling step; it also reads the input's error word.
             if not index.hashed:  # hash, coarse sites, check and table in one op call
                 check = not index.validated
-                slots, out_coords, table = _HASHED_STRIDED_TABLE(coords, kernel_size, step, out_step, check)
+                slots, out_coords, table = coord_ops.hashed_strided_table(
+                    coords, kernel_size, step, out_step, check
+                )
                 index.adopt(slots, None)
                 return _from_table(table, index), out_coords
-            out_coords = _STRIDED_COORDS(coords, out_step, index.pending_error())
+            out_coords = coord_ops.strided_coords(coords, out_step, index.pending_error())
             index.validated = True
         return _table_map(coords, index, out_coords, kernel_size, step, validate=True), out_coords
     reach = _reach(kernel_size, step)

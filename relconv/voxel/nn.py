@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from relconv.ops.batch_norm import batch_norm_act
-from relconv.voxel.conv import Conv3d, _conv3d
+from relconv.ops import batch_norm_act
+from relconv.voxel.conv import Conv3d, run_layer
 from relconv.voxel.fold import FoldCache
 from relconv.voxel.sync_batch_norm import sync_batch_norm, sync_group
 from relconv.voxel.tensor import VoxelTensor
@@ -191,7 +191,7 @@ class Sequential(nn.Sequential):
                     x = relu(x) if relu is not None else x
                     continue
                 w, b = cache.get(conv, norm, x.feats)
-                x = _conv3d(
+                x = run_layer(
                     x,
                     w,
                     conv.kernel_size,

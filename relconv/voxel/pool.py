@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from relconv.voxel.maps import layer_map
+from relconv.voxel.kernel_map import layer_map
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import triple
 

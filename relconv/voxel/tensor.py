@@ -3,60 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from relconv.core import RelationalMap
-from relconv.voxel.kernel_map import CoordIndex
-from relconv.voxel.keys import bounds, check_coords, make_packing
+from relconv.voxel.kernel_map import MapCache, bounds, check_coords, make_packing
 from relconv.voxel.utils import Triple, triple
-
-
-@dataclass
-class MapEntry:
-    """One built kernel map and the coordinates on both of its sides."""
-
-    rmap: RelationalMap
-    in_coords: Tensor
-    in_stride: Triple
-    out_coords: Tensor
-    out_stride: Triple
-    transposed: RelationalMap | None = None
-
-
-@dataclass
-class MapCache:
-    """Kernel maps shared by every tensor derived from one set of coordinates.
-
-    `coords` holds the coordinates at each tensor stride reached so far (a transposed conv finds its
-    output coordinates here), `maps` the maps keyed by (kind, tensor stride, kernel size, conv stride,
-    dilation), `named` the maps registered under an `indice_key` and `indexes` the CUDA hash table
-    and validation state of the coordinates at each tensor stride. `plans` holds, per `Conv3d` that
-    ran more than once over these coordinates, its prepared call (`relconv.voxel.conv.LayerPlan`),
-    keyed by the module's id.
-    """
-
-    coords: dict[Triple, Tensor] = field(default_factory=dict)
-    maps: dict[tuple, MapEntry] = field(default_factory=dict)
-    named: dict[str, MapEntry] = field(default_factory=dict)
-    indexes: dict[Triple, CoordIndex] = field(default_factory=dict)
-    plans: dict[int, object] = field(default_factory=dict)
-
-    def __getstate__(self) -> dict:
-        # A plan is a C++ call bound to modules of this process: copies and pickles start without.
-        return {**self.__dict__, "plans": {}}
-
-    def coord_index(self, coords: Tensor, stride: Triple) -> CoordIndex | None:
-        """The `CoordIndex` of CUDA `coords` at tensor stride `stride` (created once); None on CPU."""
-        if not coords.is_cuda:
-            return None
-        index = self.indexes.get(stride)
-        if index is None or index.coords is not coords:
-            index = CoordIndex(coords)
-            self.indexes[stride] = index
-        return index
 
 
 class VoxelTensor:

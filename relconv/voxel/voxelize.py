@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from relconv.voxel.keys import bounds, make_packing
+from relconv.voxel.kernel_map import bounds, make_packing
 from relconv.voxel.tensor import VoxelTensor
 
 

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from relconv import RelationalMap, relational_conv
-from relconv.ops import Dataflow
-from relconv.ops.dataflow import resolve_dataflow
+from relconv.ops import Dataflow, resolve_dataflow
 from relconv.ops.reference import relational_conv_reference
 from tests.conftest import allow_tf32
 from tests.ops.maps import TOLERANCE, random_map, rel_error

@@ -6,7 +6,7 @@ import torch
 from relconv.ops import relational_conv
 from relconv.voxel import Conv3d, VoxelTensor
 from relconv.voxel import kernel_map as km
-from relconv.voxel.maps import layer_map
+from relconv.voxel.kernel_map import layer_map
 from tests.conftest import no_host_sync
 
 pytestmark = pytest.mark.cuda

@@ -1,6 +1,7 @@
-"""Conv3d's prepared calls (relconv.voxel.conv.LayerPlan): a layer that runs again over the same
-coordinates runs its stored op call, which must give what preparing the call again gives, and must
-step aside whenever the call state it was made under changes."""
+"""Conv3d's prepared calls (relconv.voxel.conv.LayerPlan, kept on the module per coordinate set): a
+layer that runs again over the same coordinates runs its stored op call, which must give what
+preparing the call again gives, and must step aside whenever the call state it was made under
+changes."""
 
 import copy
 import pickle
@@ -25,7 +26,7 @@ def _unplanned(conv, x):
 
 
 def _plan_of(conv, x):
-    plan = x.cache.plans.get(id(conv))
+    plan = conv._prepared.get(id(x.cache))
     return None if plan is None else plan.run
 
 
@@ -57,9 +58,9 @@ def test_planned_call_is_the_prepared_one(monkeypatch):
     conv = Conv3d(8, 8, 3)
     _planned(conv, x)
     calls = []
-    real = x.cache.plans[id(conv)]
+    real = conv._prepared[id(x.cache)]
     spy = real._replace(run=lambda *a: calls.append(a) or real.run(*a))
-    x.cache.plans[id(conv)] = spy
+    conv._prepared[id(x.cache)] = spy
     with torch.no_grad():
         conv(x)
     assert len(calls) == 1 and calls[0][0] is x.feats
@@ -120,17 +121,28 @@ def test_wrong_input_still_gets_the_prepared_error():
             conv(bad)
 
 
-def test_a_plan_is_never_run_by_another_module_under_its_id():
-    """Plans are keyed by module id; an id reused after a module dies must not find its plan."""
+def test_a_plan_is_never_run_for_another_coordinate_set_under_its_id():
+    """Plans are keyed by the coordinate set's cache id; an id reused after a cache dies must not find
+    the plan of the old set."""
     x = _scene()
-    a, b = Conv3d(8, 8, 3, dilation=1), Conv3d(8, 8, 3, dilation=2)
-    _planned(a, x)
+    other = random_voxels(200, 8, 8, batch=2, seed=5, dtype=torch.float32)
+    conv = Conv3d(8, 8, 3)
+    _planned(conv, x)
     with torch.no_grad():
-        b.weight.copy_(a.weight)
-        x.cache.plans[id(b)] = x.cache.plans.pop(id(a))  # as if b had a's id
-        out = b(x)
-        expected = _unplanned(b, x)
+        conv._prepared[id(other.cache)] = conv._prepared.pop(id(x.cache))  # as if other had x's id
+        out = conv(other)
+        expected = _unplanned(conv, other)
     torch.testing.assert_close(out.feats, expected.feats)
+    assert out.coords is other.coords
+
+
+def test_marks_leave_with_their_coordinates():
+    """A network over a new scan keeps no marks of the scans before."""
+    conv = Conv3d(8, 8, 3)
+    with torch.no_grad():
+        for seed in range(3):
+            conv(random_voxels(200, 8, 8, seed=seed, dtype=torch.float32))
+    assert len(conv._prepared) <= 1
 
 
 def test_copied_modules_keep_their_own_plans():
@@ -144,16 +156,18 @@ def test_copied_modules_keep_their_own_plans():
     torch.testing.assert_close(ya.feats, -yb.feats)
 
 
-def test_copies_and_pickles_of_a_tensor_start_without_plans():
+def test_copies_and_pickles_of_a_module_start_without_plans():
     x = _scene()
     conv = Conv3d(8, 8, 3)
     with torch.no_grad():
         for _ in range(3):
             y = conv(x)
         assert _plan_of(conv, x) is not None
-        for other in (copy.deepcopy(x), pickle.loads(pickle.dumps(x))):
-            assert other.cache.plans == {}
-            torch.testing.assert_close(conv(other).feats, y.feats)
+        for other in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):
+            assert other._prepared == {}
+            torch.testing.assert_close(other(x).feats, y.feats)
+        # A pickled tensor keeps its maps, and the layer prepares its call over them anew.
+        torch.testing.assert_close(conv(pickle.loads(pickle.dumps(x))).feats, y.feats)
 
 
 def test_a_bias_that_needs_a_cast_is_prepared_every_call():
@@ -183,7 +197,7 @@ def test_cuda_planned_training_steps_match_prepared_ones(dtype, channels, monkey
         out = conv(x.replace_feature(feats))
         out.feats.backward(g)
     assert _plan_of(conv, x) is not None
-    monkeypatch.setattr(conv_module, "_plan", lambda *a: None)  # the reference prepares every call
+    monkeypatch.setattr(conv_module.Conv3d, "_keep", lambda *a: None)  # the reference prepares every call
     ref_feats = x.feats.clone().requires_grad_()
     ref_x = VoxelTensor(x.feats, x.coords)
     for _ in range(12):

@@ -2,13 +2,12 @@
 that groups outputs by their occupied relations, and a schedule only, so the output is bitwise the
 same with and without it."""
 
-import importlib
-
 import pytest
 import torch
 from voxel_refs import random_voxels
 
 from relconv.ops import Dataflow, relational_conv
+from relconv.ops import map_views as views
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import submanifold_map, voxelize
 from relconv.voxel.synthetic import raycast_scan
@@ -150,11 +149,12 @@ def test_tall_tiles_of_large_tables_match_the_reference(dtype, channels):
 
 
 def test_public_op_uses_the_order_and_matches_fetch_on_demand(monkeypatch):
-    rc = importlib.import_module("relconv.ops.relational_conv")
     rmap = _map(n=5000, seed=9)
     x = torch.randn(rmap.num_in, 64, device="cuda", dtype=torch.float16)
     w = torch.randn(27, 64, 64, device="cuda", dtype=torch.float16) / 40
-    monkeypatch.setattr(rc, "SORT_WORK", 2 * rc.table_work(rmap.num_out, w))  # sorted by the second call
+    monkeypatch.setattr(
+        views, "SORT_WORK", 2 * views.table_work(rmap.num_out, w)
+    )  # sorted by the second call
     first = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert "table_order" not in rmap._cache
     table_out = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
@@ -168,19 +168,17 @@ def test_a_map_is_sorted_once_its_layers_work_adds_up(monkeypatch):
     """table_work against SORT_WORK: a table feeding enough work is sorted by its first forward (and
     the transposed table by the first input gradient); a smaller one once its forwards add up to it;
     the result is the same as unsorted."""
-    # The module: relconv.ops re-exports a function of the same name.
-    rc = importlib.import_module("relconv.ops.relational_conv")
     rmap, small = _map(n=5000, seed=9), _map(n=5000, seed=9)
     x = torch.randn(rmap.num_in, 64, device="cuda", dtype=torch.float16, requires_grad=True)
     w = torch.randn(27, 64, 64, device="cuda", dtype=torch.float16) / 40
     unsorted = relational_conv(x, w, small, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert "table_order" not in small._cache and "transposed_table_order" not in small._cache
-    work = rc.table_work(rmap.num_out, w)
-    monkeypatch.setattr(rc, "SORT_WORK", work)
+    work = views.table_work(rmap.num_out, w)
+    monkeypatch.setattr(views, "SORT_WORK", work)
     out = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
     assert "table_order" in rmap._cache and "transposed_table_order" in rmap._cache
     assert torch.equal(out, unsorted)
-    monkeypatch.setattr(rc, "SORT_WORK", 2.5 * work)
+    monkeypatch.setattr(views, "SORT_WORK", 2.5 * work)
     again = _map(n=5000, seed=9)
     for _ in range(2):
         relational_conv(x.detach(), w, again, dataflow=Dataflow.OUTPUT_STATIONARY)

@@ -1,13 +1,13 @@
 // A layer's relational_conv call with the map-side arguments bound, for a layer that runs over the
 // same cached map call after call (relconv.voxel.Conv3d). Preparing those arguments in Python (map
-// lookup, dataflow choice, table schedule, pair lists, argument checks) cost about as much host time
-// as the op's own dispatch and launch: on an H100 host, a cached C64 fp16 Conv3d took 28-31 us to
-// enqueue, the op alone 12.7 (.dev probe of session 12). A plan records the state its arguments were
+// lookup, execution plan, table schedule, pair lists, argument checks) costs about as much host time
+// as the op's own dispatch and launch: on an H100 host a cached C64 fp16 Conv3d takes 28-31 us to
+// enqueue that way, the op alone 12.7. A prepared call records the state its arguments were
 // prepared under: grad mode and which operands require grad (pairs and transposed tables for the
 // backward), autocast and TF32 / determinism switches (the dataflow), operand dtypes, shapes and
 // device. `run` calls the op through the dispatcher (autograd and autocast as usual) when that state
 // still holds and returns None otherwise, for the caller to prepare the call again.
-#include "dispatch/conv_plan.h"
+#include "dispatch/prepared_conv.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -16,6 +16,7 @@
 
 #include <optional>
 
+#include "dispatch/conv_call.h"
 #include "dispatch/ops.h"
 
 namespace relconv {
@@ -56,56 +57,54 @@ struct CallState {
   }
 };
 
-class ConvPlan {
+class PreparedConv {
  public:
   // The op's arguments as prepared for operands x, weight and bias (relconv.ops.conv_call).
-  ConvPlan(const at::Tensor& x, const at::Tensor& weight, at::Tensor in_index, at::Tensor out_index,
+  PreparedConv(const at::Tensor& x, const at::Tensor& weight, at::Tensor in_index, at::Tensor out_index,
            at::Tensor rel_ptr, std::optional<at::Tensor> scale, int64_t num_out,
            std::optional<at::Tensor> table, std::optional<at::Tensor> table_order,
            const std::optional<at::Tensor>& bias, bool relu, std::optional<at::Tensor> transposed_table,
            std::optional<at::Tensor> transposed_order)
       : state_(CallState::of(x, weight, bias)),
-        in_index_(std::move(in_index)),
-        out_index_(std::move(out_index)),
-        rel_ptr_(std::move(rel_ptr)),
-        scale_(std::move(scale)),
-        num_out_(num_out),
-        table_(std::move(table)),
-        table_order_(std::move(table_order)),
-        relu_(relu),
-        transposed_table_(std::move(transposed_table)),
-        transposed_order_(std::move(transposed_order)) {
-    TORCH_CHECK_VALUE(state_.x_rows >= 0, "ConvPlan: x must be 2-D, got ", x.dim(), " dimensions");
+        call_{.in_index = std::move(in_index),
+              .out_index = std::move(out_index),
+              .rel_ptr = std::move(rel_ptr),
+              .scale = std::move(scale),
+              .num_out = num_out,
+              .neighbor_table = std::move(table),
+              .table_order = std::move(table_order),
+              .relu = relu,
+              .transposed_table = std::move(transposed_table),
+              .transposed_order = std::move(transposed_order)} {
+    TORCH_CHECK_VALUE(state_.x_rows >= 0, "PreparedConv: x must be 2-D, got ", x.dim(), " dimensions");
   }
 
   std::optional<at::Tensor> run(const at::Tensor& x, const at::Tensor& weight,
                                 const std::optional<at::Tensor>& bias) const {
     if (!(CallState::of(x, weight, bias) == state_)) return std::nullopt;
-    return conv_op().call(x, weight, in_index_, out_index_, rel_ptr_, scale_, num_out_, table_, table_order_, bias,
-                          relu_, transposed_table_, transposed_order_);
+    // The stored fields go to the op as they are: a copy of call_ with the operands filled in would
+    // cost a reference count per tensor on every call.
+    return conv_op().call(x, weight, call_.in_index, call_.out_index, call_.rel_ptr, call_.scale, call_.num_out,
+                          call_.neighbor_table, call_.table_order, bias, call_.relu, call_.transposed_table,
+                          call_.transposed_order);
   }
 
  private:
   CallState state_;
-  at::Tensor in_index_, out_index_, rel_ptr_;
-  std::optional<at::Tensor> scale_;
-  int64_t num_out_;
-  std::optional<at::Tensor> table_, table_order_;
-  bool relu_;
-  std::optional<at::Tensor> transposed_table_, transposed_order_;
+  ConvCall call_;  // every argument but the operands x, weight and bias
 };
 
 }  // namespace
 
-void def_conv_plan(pybind11::module_& m) {
+void def_prepared_conv(pybind11::module_& m) {
   namespace py = pybind11;
-  py::class_<ConvPlan>(m, "ConvPlan",
+  py::class_<PreparedConv>(m, "PreparedConv",
                        "relational_conv with its map-side arguments bound; run(x, weight, bias) -> Tensor, or "
                        "None when the call state it was prepared under no longer holds")
       .def(py::init<const at::Tensor&, const at::Tensor&, at::Tensor, at::Tensor, at::Tensor,
                     std::optional<at::Tensor>, int64_t, std::optional<at::Tensor>, std::optional<at::Tensor>,
                     const std::optional<at::Tensor>&, bool, std::optional<at::Tensor>, std::optional<at::Tensor>>())
-      .def("run", &ConvPlan::run, py::arg("x"), py::arg("weight"), py::arg("bias"));
+      .def("run", &PreparedConv::run, py::arg("x"), py::arg("weight"), py::arg("bias"));
 }
 
 }  // namespace relconv

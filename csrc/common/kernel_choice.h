@@ -1,0 +1,393 @@
+// Which CUDA kernel runs a relational convolution, and with which tiles: the one place this is
+// decided. A pure function of the device (architecture, SM count, what the build compiled), the
+// operand types, the layer's shape and the operands' alignment. The CUDA launchers
+// (cuda/conv_launch.cuh, cuda/conv_launch_wgmma.cu) launch the configuration it names;
+// relconv.ops.plan prints it through relconv._C.kernel_choice, in a CPU build too. Torch-free, so
+// that both nvcc and the host compiler take it.
+//
+// Timings beside a threshold are kernel us on an H100 unless said otherwise, cached submanifold
+// 3^3 layers over the voxel suite's scenes (64-beam scan 75k rows, real scan 28k, 32-beam 21k, 3
+// sweeps 171k, 3.5M-voxel scene); `python -m benchmarks.run --suite voxel` reproduces the rows.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+namespace relconv::choice {
+
+enum class Dtype : int { kHalf = 0, kBFloat16 = 1, kFloat = 2, kDouble = 3 };
+
+constexpr int element_bytes(Dtype d) { return d == Dtype::kDouble ? 8 : d == Dtype::kFloat ? 4 : 2; }
+constexpr bool is_16bit(Dtype d) { return d == Dtype::kHalf || d == Dtype::kBFloat16; }
+
+// One kernel configuration each; the launchers switch over these.
+enum class Config : int {
+  kNone = 0,  // no kernel of the table forward reads W^T as stored: the caller copies it
+  // Hopper wgmma table forward (conv_forward_table_ws.cuh: persistent, warp-specialised;
+  // conv_forward_table_wgmma.cuh: single-role), 128-row tiles.
+  kWgmmaPersistent256,
+  kWgmmaPersistent128,
+  kWgmma256,
+  kWgmma128,
+  kWgmma64,
+  // mma.sync table forward (conv_forward_table_mma), 128-byte K steps in 2 stages.
+  kTableMmaTall64,
+  kTableMmaWide64,
+  kTableMmaWide128,
+  kTableMmaWide256,
+  // mma.sync table forward, 64-byte K steps in 4 stages.
+  kTableMma16,
+  kTableMma32,
+  kTableMma64,
+  kTableMma128,
+  // Exact fp32 table forward: the pipelined kernel with fmas on CUDA cores.
+  kTableExact16,
+  kTableExact32,
+  // SIMT table forward (conv_forward_table_simt).
+  kTableSimt32,
+  kTableSimt64,
+  kTableSimt128,
+  // Pair-list forward with atomics (conv_forward.cuh, conv_forward_simt_vec.cuh).
+  kPairsSimtVec128,
+  kPairsSimtVec64,
+  kPairsWmma32,
+  kPairsWmma64,
+  kPairsWmma128,
+  kPairsSimt32,
+  kPairsSimt64,
+  kPairsSimt128,
+  // Weight gradient (conv_weight_grad.cuh).
+  kWeightGradMma32,
+  kWeightGradMma64,
+  kWeightGradMma128,
+  kWeightGradSimt32,
+  kWeightGradSimt64,
+};
+
+// A block's tile: BM x BN outputs, K steps of BK elements, WM x WN per warp (per thread for SIMT
+// kernels), `stages` of software pipeline.
+struct TileShape {
+  int bm, bn, bk, wm, wn, stages;
+};
+
+// The tiles of `c` for elements of `bytes` bytes (tensor-core K steps count bytes, so fp32 in TF32
+// mode gets the 16-bit layouts' stage sizes and load mappings).
+constexpr TileShape tiles(Config c, int bytes) {
+  const int wide_k = 128 / bytes, narrow_k = 64 / bytes;
+  switch (c) {
+    case Config::kWgmmaPersistent256: return {128, 256, 64, 0, 0, 4};
+    case Config::kWgmmaPersistent128: return {128, 128, 64, 0, 0, 6};
+    case Config::kWgmma256: return {128, 256, 64, 0, 0, 3};
+    case Config::kWgmma128: return {128, 128, 64, 0, 0, 4};
+    case Config::kWgmma64: return {128, 64, 64, 0, 0, 3};
+    case Config::kTableMmaTall64: return {128, 64, wide_k, 32, 32, 2};
+    case Config::kTableMmaWide64: return {64, 64, wide_k, 32, 32, 2};
+    case Config::kTableMmaWide128: return {128, 128, wide_k, 64, 32, 2};
+    case Config::kTableMmaWide256: return {128, 128, wide_k, 32, 64, 2};
+    case Config::kTableMma16: return {64, 16, narrow_k, 16, 16, 4};
+    case Config::kTableMma32: return {64, 32, narrow_k, 32, 16, 4};
+    case Config::kTableMma64: return {64, 64, narrow_k, 32, 32, 4};
+    case Config::kTableMma128: return {64, 128, narrow_k, 32, 64, 4};
+    case Config::kTableExact16: return {64, 16, narrow_k, 16, 16, 4};
+    case Config::kTableExact32: return {64, 32, narrow_k, 32, 16, 4};
+    case Config::kTableSimt32: return {64, 32, 16, 2, 4, 1};
+    case Config::kTableSimt64: return {64, 64, 16, 4, 4, 1};
+    case Config::kTableSimt128: return {64, 128, 16, 4, 8, 1};
+    case Config::kPairsSimtVec128: return {128, 128, 0, 8, 8, 1};
+    case Config::kPairsSimtVec64: return {128, 64, 0, 8, 8, 1};
+    case Config::kPairsWmma32: return {128, 32, 32, 32, 32, 1};
+    case Config::kPairsWmma64: return {64, 64, 32, 32, 32, 1};
+    case Config::kPairsWmma128: return {64, 128, 32, 32, 64, 1};
+    case Config::kPairsSimt32: return {128, 32, 16, 4, 4, 1};
+    case Config::kPairsSimt64: return {64, 64, 16, 4, 4, 1};
+    case Config::kPairsSimt128: return {64, 128, 16, 4, 8, 1};
+    case Config::kWeightGradMma32: return {32, 32, narrow_k, 16, 16, 4};
+    case Config::kWeightGradMma64: return {64, 64, narrow_k, 32, 32, 4};
+    case Config::kWeightGradMma128: return {128, 128, narrow_k, 64, 32, 3};
+    case Config::kWeightGradSimt32: return {32, 32, 16, 2, 2, 1};
+    case Config::kWeightGradSimt64: return {64, 64, 16, 4, 4, 1};
+    default: return {0, 0, 0, 0, 0, 0};
+  }
+}
+
+// The configuration's name as relconv.ops.plan prints it.
+constexpr const char* config_name(Config c) {
+  switch (c) {
+    case Config::kNone: return "none";
+    case Config::kWgmmaPersistent256: return "wgmma_persistent_256";
+    case Config::kWgmmaPersistent128: return "wgmma_persistent_128";
+    case Config::kWgmma256: return "wgmma_256";
+    case Config::kWgmma128: return "wgmma_128";
+    case Config::kWgmma64: return "wgmma_64";
+    case Config::kTableMmaTall64: return "table_mma_tall_64";
+    case Config::kTableMmaWide64: return "table_mma_wide_64";
+    case Config::kTableMmaWide128: return "table_mma_wide_128";
+    case Config::kTableMmaWide256: return "table_mma_wide_256";
+    case Config::kTableMma16: return "table_mma_16";
+    case Config::kTableMma32: return "table_mma_32";
+    case Config::kTableMma64: return "table_mma_64";
+    case Config::kTableMma128: return "table_mma_128";
+    case Config::kTableExact16: return "table_exact_16";
+    case Config::kTableExact32: return "table_exact_32";
+    case Config::kTableSimt32: return "table_simt_32";
+    case Config::kTableSimt64: return "table_simt_64";
+    case Config::kTableSimt128: return "table_simt_128";
+    case Config::kPairsSimtVec128: return "pairs_simt_vec_128";
+    case Config::kPairsSimtVec64: return "pairs_simt_vec_64";
+    case Config::kPairsWmma32: return "pairs_wmma_32";
+    case Config::kPairsWmma64: return "pairs_wmma_64";
+    case Config::kPairsWmma128: return "pairs_wmma_128";
+    case Config::kPairsSimt32: return "pairs_simt_32";
+    case Config::kPairsSimt64: return "pairs_simt_64";
+    case Config::kPairsSimt128: return "pairs_simt_128";
+    case Config::kWeightGradMma32: return "weight_grad_mma_32";
+    case Config::kWeightGradMma64: return "weight_grad_mma_64";
+    case Config::kWeightGradMma128: return "weight_grad_mma_128";
+    case Config::kWeightGradSimt32: return "weight_grad_simt_32";
+    case Config::kWeightGradSimt64: return "weight_grad_simt_64";
+    default: return "unknown";
+  }
+}
+
+constexpr const char* family_name(Config c) {
+  switch (c) {
+    case Config::kNone: return "none";
+    case Config::kWgmmaPersistent256:
+    case Config::kWgmmaPersistent128: return "table_wgmma_persistent";
+    case Config::kWgmma256:
+    case Config::kWgmma128:
+    case Config::kWgmma64: return "table_wgmma";
+    case Config::kTableMmaTall64:
+    case Config::kTableMmaWide64:
+    case Config::kTableMmaWide128:
+    case Config::kTableMmaWide256:
+    case Config::kTableMma16:
+    case Config::kTableMma32:
+    case Config::kTableMma64:
+    case Config::kTableMma128: return "table_mma_sync";
+    case Config::kTableExact16:
+    case Config::kTableExact32: return "table_exact_fp32";
+    case Config::kTableSimt32:
+    case Config::kTableSimt64:
+    case Config::kTableSimt128: return "table_simt";
+    case Config::kPairsSimtVec128:
+    case Config::kPairsSimtVec64: return "pairs_simt_vec";
+    case Config::kPairsWmma32:
+    case Config::kPairsWmma64:
+    case Config::kPairsWmma128: return "pairs_wmma";
+    case Config::kPairsSimt32:
+    case Config::kPairsSimt64:
+    case Config::kPairsSimt128: return "pairs_simt";
+    case Config::kWeightGradMma32:
+    case Config::kWeightGradMma64:
+    case Config::kWeightGradMma128: return "weight_grad_mma";
+    case Config::kWeightGradSimt32:
+    case Config::kWeightGradSimt64: return "weight_grad_simt";
+    default: return "unknown";
+  }
+}
+
+// The device a kernel runs on.
+struct Device {
+  int major = 0, minor = 0;
+  int64_t sms = 0;
+};
+
+// ---------------------------------------------------------------- relation split
+
+// CTAs per row tile of a table kernel of `blocks` CTAs over `relations` relations (clusters need
+// sm_90). Counted against SMs, not resident CTAs: CTAs sharing an SM do not add its throughput. Four
+// when the split grid still fits the SMs once; two while the unsplit grid is about one wave or less,
+// when its heaviest tiles set its length; none past that, where splitting only adds the reductions
+// (measurements at relation_split_sum, cuda/conv_forward_table.cuh).
+constexpr int relation_split(const Device& dev, int64_t blocks, int64_t relations) {
+  if (dev.major < 9 || relations < 4) return 1;
+  if (4 * blocks <= dev.sms) return 4;
+  return 20 * blocks <= 21 * dev.sms ? 2 : 1;
+}
+
+// ---------------------------------------------------------------- forward over a neighbour table
+
+struct TableProblem {
+  Dtype dtype = Dtype::kFloat;
+  bool allow_tf32 = false;   // torch.backends.cuda.matmul.allow_tf32
+  bool index32 = true;       // the table is int32
+  int64_t num_in = 0, num_out = 0, num_relations = 0, groups = 1, cin_g = 0, cout_g = 0;
+  bool vec_x = false;        // x rows allow 16-byte loads
+  bool vec_w = false;        // weight rows allow 16-byte loads (rows of C_in_g for W^T)
+  bool vec_out2 = false;     // the output allows 2-element stores
+  bool weight_t = false;     // the weight is W^T's storage (the input gradient's view)
+};
+
+struct TableChoice {
+  Config config = Config::kNone;
+  bool tf32 = false;            // fp32 on TF32 tensor cores
+  bool whole_tiles = false;     // mma.sync: the whole-tile (kFull) kernel
+  bool reads_weight_t = false;  // reads W^T as stored, no transposed copy
+  int split = 1;                // CTAs per row tile (one cluster)
+};
+
+// sm_90 (not 9.x), and this build compiled sm_90a: the wgmma kernels exist.
+constexpr bool wgmma_device(const Device& dev) { return dev.major == 9 && dev.minor == 0; }
+
+// Below this many output rows the single-role wgmma kernel beats mma.sync; from it on mma.sync's
+// two CTAs per SM hide DRAM latency better (C128, 171k rows: wgmma 228 -> 265 us).
+constexpr int64_t kWgmmaMaxRows = 100000;
+
+// From this many rows C_out_g 64 on mma.sync takes 8-warp 128 x 64 tiles, reading each weight slab
+// once per 128 rows (75k rows 47.8 -> 48.3 us, 171k 112.7 -> 101.7, 3.5M 2194 -> 1792).
+constexpr int64_t kTallTileRows = 100000;
+
+// The Hopper wgmma kernels, when the shape takes them; kNone otherwise. `sm90a_built()` answers
+// whether this build runs sm_90a code here (a probe kernel, asked only when the shape qualifies).
+template <typename Sm90aBuilt>
+TableChoice wgmma_table(const TableProblem& p, const Device& dev, Sm90aBuilt&& sm90a_built) {
+  TableChoice c;
+  const int64_t ldx = p.groups * p.cin_g;
+  if (p.cin_g % 64 != 0 || p.cout_g % 64 != 0 || !p.vec_x || !p.vec_w || !p.vec_out2 ||
+      ldx > std::numeric_limits<int32_t>::max() || p.cout_g / 64 * p.groups > 65535 || !wgmma_device(dev) ||
+      !sm90a_built()) {
+    return c;
+  }
+  // C_out_g 64: mma.sync with weight slabs through L1 (64 x 64 tiles) beats the single-role
+  // kernel: 32-beam 25.4 -> 19.2 us, real scan 27.0 -> 25.4, 64-beam 38.8 -> 36.9.
+  if (p.cout_g == 64) return c;
+  // Both wgmma kernels read a W^T view (the input gradient's weight) as stored.
+  c.reads_weight_t = p.weight_t;
+  if (p.cout_g % 128 == 0) {
+    // Persistent kernel at C_out_g multiples of 128 wherever the split kernel would not split, at
+    // any table size (against single-role / mma.sync: C128 64-beam 105.8 -> 65.6 us, 171k 198.0 ->
+    // 152.4, 3.5M 4099 -> 3251; C256 64-beam 209.8 -> 151.8, 171k 658.4 -> 355.1).
+    const int64_t bn = p.cout_g % 256 == 0 ? 256 : 128;
+    if (relation_split(dev, (p.num_out + 127) / 128 * (p.cout_g / bn) * p.groups, p.num_relations) == 1) {
+      c.config = bn == 256 ? Config::kWgmmaPersistent256 : Config::kWgmmaPersistent128;
+      return c;
+    }
+  }
+  if (p.num_out >= kWgmmaMaxRows) return TableChoice{};
+  // Single-role kernel, one wgmma in flight: C256 128 x 256 tiles in 3 stages (64-beam 346 -> 286
+  // us against mma.sync), C128 128 x 128 in 4 (64-beam 131 -> 127).
+  c.config = p.cout_g % 256 == 0 ? Config::kWgmma256 : p.cout_g % 128 == 0 ? Config::kWgmma128 : Config::kWgmma64;
+  const TileShape t = tiles(c.config, element_bytes(p.dtype));
+  c.split = relation_split(dev, (p.num_out + 127) / 128 * (p.cout_g / t.bn) * p.groups, p.num_relations);
+  return c;
+}
+
+// An mma.sync configuration with its whole-tile and W^T decisions. The whole-tile kernel runs when
+// x and W allow 16-byte loads and the channels fill whole tiles (C64 fp16 64-beam: 80 -> 56 us); it
+// is built for int32 tables only and needs x's row stride below 2^31. Only it reads W^T in place
+// (16-bit, not exact): otherwise a W^T view gets kNone, for the caller to copy it.
+constexpr TableChoice table_mma(const TableProblem& p, const Device& dev, Config config, bool exact) {
+  TableChoice c;
+  const TileShape t = tiles(config, element_bytes(p.dtype));
+  const int64_t ldx = p.groups * p.cin_g;
+  const bool whole = p.index32 && p.vec_x && p.vec_w && p.vec_out2 && p.cin_g % t.bk == 0 && p.cout_g % t.bn == 0 &&
+                     ldx <= std::numeric_limits<int32_t>::max();
+  const bool in_place = whole && element_bytes(p.dtype) == 2 && !exact;
+  if (p.weight_t && !in_place) return c;
+  c.config = config;
+  c.whole_tiles = whole;
+  c.reads_weight_t = p.weight_t;
+  c.split = relation_split(dev, (p.num_out + t.bm - 1) / t.bm * ((p.cout_g + t.bn - 1) / t.bn) * p.groups,
+                           p.num_relations);
+  return c;
+}
+
+// Tensor-core table forward (16-bit, or fp32 in TF32 mode).
+template <typename Sm90aBuilt>
+TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBuilt&& sm90a_built) {
+  if (is_16bit(p.dtype) && p.index32 && p.cout_g >= 64) {
+    const TableChoice w = wgmma_table(p, dev, sm90a_built);
+    if (w.config != Config::kNone) return w;
+  }
+  // C_in >= 64: 64-wide K steps (128 bytes) in 2 stages beat 3 stages, 32-wide steps and 128-row
+  // tiles (C64 51 / 29 us against 55 / 32 in 3 stages, 64 / 40 in 128-row tiles, 64-beam / real).
+  if (p.cin_g >= 64 && p.cout_g > 32) {
+    if (p.cout_g <= 64 && p.num_out >= kTallTileRows) return table_mma(p, dev, Config::kTableMmaTall64, false);
+    if (p.cout_g <= 64) return table_mma(p, dev, Config::kTableMmaWide64, false);
+    // Past C_out 64, 8-warp 128 x 128 tiles: C128 64 x 32 warp tiles 119 / 63 us against 129 / 69
+    // for 4-warp 64 x 128; C256 32 x 64 warp tiles 323 / 181 against 357 / 178 (64-beam / real).
+    if (p.cout_g <= 128) return table_mma(p, dev, Config::kTableMmaWide128, false);
+    return table_mma(p, dev, Config::kTableMmaWide256, false);
+  }
+  if (p.cout_g <= 16) return table_mma(p, dev, Config::kTableMma16, false);
+  if (p.cout_g <= 32) return table_mma(p, dev, Config::kTableMma32, false);
+  if (p.cout_g <= 64) return table_mma(p, dev, Config::kTableMma64, false);
+  return table_mma(p, dev, Config::kTableMma128, false);
+}
+
+// The table forward's kernel. Output rows are owned by one block each, so there is no atomic
+// traffic to amortise with tall tiles: 64-row tiles give more blocks and a finer grain for skipping
+// relations.
+template <typename Sm90aBuilt>
+TableChoice table_kernel(const TableProblem& p, const Device& dev, Sm90aBuilt&& sm90a_built) {
+  if (p.weight_t && !is_16bit(p.dtype)) return TableChoice{};  // only 16-bit kernels read W^T in place
+  const bool rows_fit = p.num_in <= std::numeric_limits<int32_t>::max();
+  if (is_16bit(p.dtype)) return tensor_core_table(p, dev, sm90a_built);
+  // fp32 runs on TF32 tensor cores when torch allows TF32 matmuls (sm_80+; the tensor-core kernel
+  // keeps input rows as int32), like torch's own matmul; otherwise it stays exact.
+  if (p.dtype == Dtype::kFloat && p.allow_tf32 && dev.major >= 8 && rows_fit) {
+    TableChoice c = tensor_core_table(p, dev, sm90a_built);
+    c.tf32 = true;
+    return c;
+  }
+  if (p.dtype == Dtype::kFloat && p.cout_g <= 32 && rows_fit) {
+    // Exact fp32 at C_out_g <= 32 on the pipelined kernel against fetch-on-demand (GPU us, 64-beam /
+    // real): C16 33 / 22 against 48 / 20, C32 75 / 47 against 75 / 30; from C64 its per-thread tiles
+    // lose (C64 193 against 168, C256 2552 against 2133), so wider layers keep the SIMT kernel.
+    return table_mma(p, dev, p.cout_g <= 16 ? Config::kTableExact16 : Config::kTableExact32, true);
+  }
+  TableChoice c;
+  c.config = p.cout_g <= 32 ? Config::kTableSimt32 : p.cout_g <= 64 ? Config::kTableSimt64 : Config::kTableSimt128;
+  return c;
+}
+
+// ---------------------------------------------------------------- forward over pair lists
+
+struct PairsProblem {
+  Dtype dtype = Dtype::kFloat;
+  int64_t groups = 1, cin_g = 0, cout_g = 0;
+  bool vec_x = false, vec_w = false;
+  bool out16 = false;  // the fp32 accumulator allows 16-byte rows (aligned, groups * C_out_g % 4 == 0)
+};
+
+// Pair tiles span as much of C_out as fits, so that each gathered row is reused across many
+// columns; narrow outputs get taller pair tiles instead.
+constexpr Config pairs_kernel(const PairsProblem& p) {
+  if (p.dtype == Dtype::kFloat && p.cout_g >= 64 && p.vec_x && p.vec_w && p.out16) {
+    // Exact fp32 from C_out 64 with 16-byte rows: 128-pair tiles, 8 x 8 float4 register tiles.
+    return p.cout_g >= 128 ? Config::kPairsSimtVec128 : Config::kPairsSimtVec64;
+  }
+  if (is_16bit(p.dtype)) {
+    // 4 warps each; warp tiles of 32x32 or 32x64 keep 4-8 accumulator fragments per warp.
+    return p.cout_g <= 32 ? Config::kPairsWmma32 : p.cout_g <= 64 ? Config::kPairsWmma64 : Config::kPairsWmma128;
+  }
+  // 256 threads each, 16 or 32 accumulators per thread.
+  return p.cout_g <= 32 ? Config::kPairsSimt32 : p.cout_g <= 64 ? Config::kPairsSimt64 : Config::kPairsSimt128;
+}
+
+// ---------------------------------------------------------------- weight gradient
+
+struct WeightGradProblem {
+  Dtype dtype = Dtype::kFloat;
+  bool allow_tf32 = false;
+  int64_t cin_g = 0, cout_g = 0;
+  bool vec_x = false, vec_g = false;
+};
+
+// Tensor cores (16-byte rows, sm_80+: mma.sync and cp.async): square tiles as wide as the channels,
+// 4 warps (8 at C >= 128, whose 128 x 128 tile gathers each pair's rows once instead of twice), K
+// steps of 64 bytes. Other rows, exact fp32, fp64 and older GPUs take the SIMT kernel. The tensor-
+// core kernel runs as one cooperative launch where one fits the GPU (cuda/conv_launch.cuh).
+constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& dev) {
+  const bool tensor_cores = (is_16bit(p.dtype) || (p.dtype == Dtype::kFloat && p.allow_tf32)) && p.vec_x &&
+                            p.vec_g && dev.major >= 8;
+  if (tensor_cores) {
+    if (p.cin_g <= 32 && p.cout_g <= 32) return Config::kWeightGradMma32;
+    if (p.cin_g >= 128 && p.cout_g >= 128) return Config::kWeightGradMma128;
+    return Config::kWeightGradMma64;
+  }
+  return p.cin_g <= 32 && p.cout_g <= 32 ? Config::kWeightGradSimt32 : Config::kWeightGradSimt64;
+}
+
+}  // namespace relconv::choice

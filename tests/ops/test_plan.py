@@ -1,0 +1,176 @@
+"""The execution plan (relconv.ops.plan) and the CUDA kernel choice it reports
+(csrc/common/kernel_choice.h through relconv._C.kernel_choice): the same function the CUDA
+launchers call, asked on the CPU for given devices and shapes."""
+
+import pytest
+import torch
+
+from relconv import _ext
+from relconv.graph import RGCNConv
+from relconv.graph.graph_map import build_rgcn_map
+from relconv.ops import ConvPlan, Dataflow, plan
+from relconv.voxel import Conv3d, VoxelTensor
+
+H100 = (9, 0)
+A100 = (8, 0)
+
+
+def choose(kind, dtype, arch=H100, sms=132, **shape):
+    return _ext._C.kernel_choice(kind, dtype, arch, sms, **shape)
+
+
+# (dtype, arch, C_in_g, C_out_g, rows, extra) -> the configuration the launchers launch, and the
+# threshold or rule that decides it.
+TABLE_CASES = [
+    # C_out_g 64 stays on mma.sync (64 x 64 tiles, 2 stages of 64-wide K) below kTallTileRows ...
+    ("float16", H100, 64, 64, 75_000, {}, "table_mma_wide_64"),
+    # ... and takes 128 x 64 tiles from it on.
+    ("float16", H100, 64, 64, 171_000, {}, "table_mma_tall_64"),
+    # C_out_g multiples of 128 on sm_90a: the persistent wgmma kernel where no relation split pays.
+    ("float16", H100, 128, 128, 75_000, {}, "wgmma_persistent_128"),
+    ("bfloat16", H100, 256, 256, 20_000, {}, "wgmma_persistent_256"),
+    # A small table splits its relations over a cluster: the single-role wgmma kernel.
+    ("float16", H100, 128, 128, 1_000, {}, "wgmma_128"),
+    # A build without sm_90a code, or an sm_80 GPU: mma.sync's 8-warp 128 x 128 tiles.
+    ("float16", H100, 128, 128, 75_000, {"sm90a_built": False}, "table_mma_wide_128"),
+    ("float16", A100, 256, 256, 75_000, {}, "table_mma_wide_256"),
+    # Narrow layers: 64-row tiles of 32-wide K steps in 4 stages.
+    ("float16", H100, 16, 16, 75_000, {}, "table_mma_16"),
+    ("float16", H100, 32, 64, 75_000, {}, "table_mma_64"),
+    # Exact fp32 up to C_out_g 32 on the pipelined CUDA-core kernel, wider on the SIMT kernel.
+    ("float32", H100, 32, 32, 75_000, {}, "table_exact_32"),
+    ("float32", H100, 64, 64, 75_000, {}, "table_simt_64"),
+    # fp32 in TF32 mode takes the tensor-core tiles, K steps counted in bytes.
+    ("float32", A100, 64, 64, 75_000, {"allow_tf32": True}, "table_mma_wide_64"),
+    ("float64", H100, 128, 128, 75_000, {}, "table_simt_128"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "arch", "cin", "cout", "rows", "extra", "expected"), TABLE_CASES)
+def test_table_kernel_choice_matches_the_launchers_rules(dtype, arch, cin, cout, rows, extra, expected):
+    got = choose(
+        "table", dtype, arch, cin_g=cin, cout_g=cout, num_in=rows, num_out=rows, num_relations=27, **extra
+    )
+    assert got["config"] == expected
+
+
+def test_table_choice_details():
+    tall = choose("table", "float16", cin_g=64, cout_g=64, num_in=171_000, num_out=171_000, num_relations=27)
+    assert (
+        tall["family"] == "table_mma_sync"
+        and tall["tiles"] == (128, 64, 64, 32, 32, 2)
+        and tall["whole_tiles"]
+    )
+    small = choose("table", "float16", cin_g=128, cout_g=128, num_in=1000, num_out=1000, num_relations=27)
+    assert small["split"] == 4  # 8 row tiles on 132 SMs: four CTAs per tile in one cluster
+    tf32 = choose(
+        "table", "float32", A100, cin_g=64, cout_g=64, num_out=1000, allow_tf32=True, num_relations=27
+    )
+    assert tf32["tf32"] and tf32["tiles"][2] == 32  # 128-byte K steps of fp32
+    exact = choose("table", "float32", A100, cin_g=64, cout_g=64, num_out=1000, num_relations=27)
+    assert not exact["tf32"]
+
+
+def test_transposed_weight_is_read_in_place_only_by_whole_tile_16bit_kernels():
+    """The input gradient's W^T view: the whole-tile mma.sync kernel reads it as stored; a shape
+    without whole tiles gets no kernel ("none"), and the launcher copies W^T."""
+    args = {"cin_g": 64, "cout_g": 64, "num_in": 75_000, "num_out": 75_000, "num_relations": 27}
+    in_place = choose("table", "float16", weight_t=True, **args)
+    assert in_place["config"] == "table_mma_wide_64" and in_place["reads_weight_t"]
+    assert choose("table", "float16", weight_t=True, vec_w=False, **args)["config"] == "none"
+    assert choose("table", "float32", weight_t=True, **args)["config"] == "none"
+    # The wgmma kernels read it too.
+    wide = choose("table", "float16", weight_t=True, **{**args, "cin_g": 128, "cout_g": 128})
+    assert wide["config"] == "wgmma_persistent_128" and wide["reads_weight_t"]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "cout", "extra", "expected"),
+    [
+        ("float32", 64, {}, "pairs_simt_vec_64"),
+        ("float32", 128, {}, "pairs_simt_vec_128"),
+        ("float32", 128, {"out16": False}, "pairs_simt_128"),
+        ("float16", 32, {}, "pairs_wmma_32"),
+        ("bfloat16", 96, {}, "pairs_wmma_128"),
+        ("float64", 48, {}, "pairs_simt_64"),
+    ],
+)
+def test_pairs_kernel_choice(dtype, cout, extra, expected):
+    assert choose("pairs", dtype, cin_g=cout, cout_g=cout, **extra)["config"] == expected
+
+
+@pytest.mark.parametrize(
+    ("dtype", "arch", "cin", "cout", "extra", "expected"),
+    [
+        ("float16", H100, 32, 32, {}, "weight_grad_mma_32"),
+        ("float16", H100, 64, 128, {}, "weight_grad_mma_64"),
+        ("bfloat16", H100, 128, 128, {}, "weight_grad_mma_128"),
+        ("float32", H100, 64, 64, {}, "weight_grad_simt_64"),
+        ("float32", H100, 64, 64, {"allow_tf32": True}, "weight_grad_mma_64"),
+        ("float16", (7, 5), 64, 64, {}, "weight_grad_simt_64"),
+        ("float64", H100, 16, 16, {}, "weight_grad_simt_32"),
+    ],
+)
+def test_weight_grad_kernel_choice(dtype, arch, cin, cout, extra, expected):
+    assert choose("weight_grad", dtype, arch, cin_g=cin, cout_g=cout, **extra)["config"] == expected
+
+
+def test_kernel_choice_rejects_unknown_arguments():
+    with pytest.raises(ValueError, match="kind"):
+        choose("conv", "float16", cin_g=8, cout_g=8)
+    with pytest.raises(ValueError, match="dtype"):
+        choose("table", "int8", cin_g=8, cout_g=8)
+
+
+def _voxel_layer(channels=64):
+    g = torch.Generator().manual_seed(3)
+    coords = torch.unique(
+        torch.randint(0, 8, (300, 4), generator=g) % torch.tensor([2, 8, 8, 8]), dim=0
+    ).int()
+    x = VoxelTensor(torch.randn(len(coords), channels, generator=g).half(), coords)
+    conv = Conv3d(channels, channels, 3).half()
+    return x, conv
+
+
+def test_voxel_layer_plan_says_what_runs():
+    x, conv = _voxel_layer()
+    cpu = conv.execution_plan(x)
+    assert isinstance(cpu, ConvPlan) and cpu.kernel == "cpu kernel"
+    with torch.no_grad():
+        h100 = conv.execution_plan(x, arch=H100)
+    assert h100.dataflow is Dataflow.OUTPUT_STATIONARY
+    assert "fp16 + unique-slot map" in repr(h100)
+    assert h100.kernel.startswith("table_mma_sync (table_mma_wide_64")
+    assert h100.views[0] == "table" and h100.input_grad is None
+    trained = conv.execution_plan(x, arch=H100, requires_grad=True)
+    # A voxel map is injective: the input gradient runs the table kernel over the transposed
+    # table, reading W^T in place; the weight gradient reads the pairs.
+    assert "transposed table" in trained.views and "pairs for backward" in trained.views
+    assert "over the transposed table" in trained.input_grad and "reads W^T in place" in trained.input_grad
+    assert trained.weight_grad.startswith("weight_grad_mma")
+
+
+def test_graph_layer_plan_says_what_runs():
+    torch.manual_seed(0)
+    edge_index = torch.randint(0, 50, (2, 400))
+    edge_type = torch.randint(0, 4, (400,))
+    layer = RGCNConv(32, 32, num_relations=4)
+    x = torch.randn(50, 32)
+    got = layer.execution_plan(x, edge_index, edge_type, arch=H100)
+    # Mean aggregation scales every pair: the pair lists with atomics, whatever the dtype.
+    assert got.dataflow is Dataflow.FETCH_ON_DEMAND and "per-pair scale" in got.why
+    assert got.kernel.startswith("pairs_simt") and got.views == ("pairs",)
+    assert "cpu kernel" in repr(layer.execution_plan(x, edge_index, edge_type))
+
+
+def test_plan_agrees_with_the_call_it_describes():
+    """The printed plan and the call's own decision come from the same rule."""
+    from relconv.ops.planning import decide
+
+    rmap = build_rgcn_map(torch.randint(0, 20, (2, 80)), torch.randint(0, 3, (80,)), (20, 20), 3, "sum").rmap
+    x, w = torch.randn(20, 8), torch.randn(3, 8, 8)
+    with pytest.raises(ValueError, match="unique_slots"):
+        plan(rmap, x, w, dataflow=Dataflow.OUTPUT_STATIONARY)
+    p = plan(rmap, x, w, arch=H100)
+    _, table, _, _ = decide(rmap, x, Dataflow.AUTO, 8, 8, False, False)
+    assert not table and p.dataflow is Dataflow.FETCH_ON_DEMAND
