@@ -16,6 +16,7 @@
 // Small problems run on the calling thread: a parallel region costs more than it saves.
 // at::parallel_for is an inline OpenMP loop: this file must be compiled with -fopenmp (setup.py),
 // otherwise every loop here silently runs on one thread.
+#include "common/error_message.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -56,11 +57,11 @@ void check_map_data(const at::Tensor& in_index, const at::Tensor& out_index, con
                     int64_t num_in, int64_t num_out) {
   const auto* ptr = rel_ptr.data_ptr<int64_t>();
   const int64_t num_rel = rel_ptr.numel() - 1;
-  TORCH_CHECK_VALUE(ptr[0] == 0, "rel_ptr must start at 0, got ", ptr[0]);
-  TORCH_CHECK_VALUE(ptr[num_rel] == in_index.numel(), "rel_ptr[-1] = ", ptr[num_rel],
+  RELCONV_CHECK_VALUE(ptr[0] == 0, "rel_ptr must start at 0, got ", ptr[0]);
+  RELCONV_CHECK_VALUE(ptr[num_rel] == in_index.numel(), "rel_ptr[-1] = ", ptr[num_rel],
                     " must equal the number of pairs (", in_index.numel(), ")");
   for (int64_t r = 0; r < num_rel; ++r) {
-    TORCH_CHECK_VALUE(ptr[r] <= ptr[r + 1], "rel_ptr must be monotone non-decreasing, but rel_ptr[", r,
+    RELCONV_CHECK_VALUE(ptr[r] <= ptr[r + 1], "rel_ptr must be monotone non-decreasing, but rel_ptr[", r,
                       "] = ", ptr[r], " > rel_ptr[", r + 1, "] = ", ptr[r + 1]);
   }
   if (in_index.numel() == 0) return;
@@ -68,7 +69,7 @@ void check_map_data(const at::Tensor& in_index, const at::Tensor& out_index, con
                             std::tuple{"out_index", &out_index, num_out}}) {
     auto [lo, hi] = at::aminmax(*t);
     const int64_t l = lo.item<int64_t>(), h = hi.item<int64_t>();
-    TORCH_CHECK_VALUE(l >= 0 && h < n, name, " values must lie in [0, ", n, "), got [", l, ", ", h, "]");
+    RELCONV_CHECK_VALUE(l >= 0 && h < n, name, " values must lie in [0, ", n, "), got [", l, ", ", h, "]");
   }
 }
 
@@ -215,7 +216,7 @@ at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, co
   check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
   check_transposed_table(transposed_table, transposed_order, neighbor_table, x.size(0), s.num_relations);
   check_bias(bias, x, s.groups * s.cout_g);
-  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
+  RELCONV_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
   check_map_data(in_index, out_index, rel_ptr, x.size(0), num_out);
   const auto acc = acc_dtype(x.scalar_type());
   const int64_t cin = s.groups * s.cin_g, cout = s.groups * s.cout_g;

@@ -3,6 +3,7 @@
 // finalize, input gradient); an eval forward one kernel. The reduction tickets need no per-call
 // clearing (stream_tickets). Every size comes from tensor shapes: no host synchronisation,
 // capturable in a CUDA graph.
+#include "common/error_message.h"
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -50,7 +51,7 @@ void dispatch_bn_types(at::ScalarType x, at::ScalarType param, F&& f) {
     case at::kHalf: return param == at::kHalf ? f(__half{}, __half{}) : f(__half{}, float{});
     case at::kBFloat16:
       return param == at::kBFloat16 ? f(__nv_bfloat16{}, __nv_bfloat16{}) : f(__nv_bfloat16{}, float{});
-    default: TORCH_CHECK(false, "relconv batch_norm_act: unsupported dtype ", x);
+    default: RELCONV_CHECK(false, "relconv batch_norm_act: unsupported dtype ", x);
   }
 }
 
@@ -89,13 +90,13 @@ struct Launch {
 };
 
 Launch plan(int64_t rows, int64_t channels, int vec) {
-  TORCH_CHECK(channels <= std::numeric_limits<int32_t>::max() / 2, "relconv batch_norm_act: too many channels (",
+  RELCONV_CHECK(channels <= std::numeric_limits<int32_t>::max() / 2, "relconv batch_norm_act: too many channels (",
               channels, ")");
   const int64_t groups = channels / vec;
   const int64_t wanted_tiles = (channels + kTileChannels - 1) / kTileChannels;
   const int64_t lanes = (groups + wanted_tiles - 1) / wanted_tiles;
   const int64_t tiles = (groups + lanes - 1) / lanes;
-  TORCH_CHECK(tiles <= 65535, "relconv batch_norm_act: too many channels (", channels, ")");
+  RELCONV_CHECK(tiles <= 65535, "relconv batch_norm_act: too many channels (", channels, ")");
   const int64_t rows_per_iter = kBnThreads / lanes;
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t steps = (rows + rows_per_iter - 1) / rows_per_iter;
@@ -193,7 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_cuda(const at::Ten
                                                                    const Opt& num_batches_tracked) {
   const auto param_type = check_batch_norm_args(x, weight, bias, running_mean, running_var, training);
   check_batch_counter(num_batches_tracked, x);
-  TORCH_CHECK_VALUE(x.is_contiguous(), "x must be contiguous");
+  RELCONV_CHECK_VALUE(x.is_contiguous(), "x must be contiguous");
   const c10::cuda::CUDAGuard guard(x.device());
   const auto acc_opts = x.options().dtype(acc_dtype(x.scalar_type()));
   const int64_t n = x.size(0), c = x.size(1);
@@ -246,7 +247,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cuda(
     bool relu, std::array<bool, 3> output_mask) {
   const auto param_type = check_batch_norm_args(x, weight, bias, running_mean, running_var, training);
   check_batch_norm_backward_args(grad_out, x, save_mean, save_invstd, training);
-  TORCH_CHECK_VALUE(x.is_contiguous(), "x must be contiguous");
+  RELCONV_CHECK_VALUE(x.is_contiguous(), "x must be contiguous");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(0), c = x.size(1);
   const auto param_opts = x.options().dtype(param_type);

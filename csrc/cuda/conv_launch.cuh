@@ -5,6 +5,7 @@
 // conv_launch.h.
 #pragma once
 
+#include "common/error_message.h"
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -41,13 +42,13 @@ int64_t schedule_tiles(const at::Tensor& rel_ptr, int64_t num_pairs, int64_t pai
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const int64_t bound =
       (target_tiles > 0 ? target_tiles : (num_pairs + pairs_per_tile - 1) / pairs_per_tile) + num_rel;
-  TORCH_CHECK(bound <= std::numeric_limits<int32_t>::max(), "relconv: ", num_pairs, " pairs over ", num_rel,
+  RELCONV_CHECK(bound <= std::numeric_limits<int32_t>::max(), "relconv: ", num_pairs, " pairs over ", num_rel,
               " relations need more than 2^31 - 1 thread blocks");
   return bound;
 }
 
 void check_grid_y(int64_t y, int64_t z = 1) {
-  TORCH_CHECK(y <= 65535 && z <= 65535, "relconv CUDA kernels: too many channel tiles x groups (", y, ", ", z,
+  RELCONV_CHECK(y <= 65535 && z <= 65535, "relconv CUDA kernels: too many channel tiles x groups (", y, ", ", z,
               "); at most 65535 each");
 }
 
@@ -84,7 +85,7 @@ inline choice::Device current_device() {
 }
 
 [[noreturn]] inline void no_launcher(choice::Config c, const char* type) {
-  TORCH_CHECK(false, "relconv: kernel ", choice::config_name(c), " has no launcher for ", type, " elements");
+  RELCONV_CHECK(false, "relconv: kernel ", choice::config_name(c), " has no launcher for ", type, " elements");
 }
 
 template <typename T, typename Idx, typename Cfg, bool kTensorCores>
@@ -164,7 +165,7 @@ void forward_by_width(const cuda::ConvForwardArgs<T, Idx>& a, const at::Tensor& 
 template <typename Cfg, typename T, typename Idx>
 dim3 table_grid(cuda::ConvTableArgs<T, Idx>& a) {
   const int64_t row_tiles = (a.num_out + Cfg::BM - 1) / Cfg::BM;
-  TORCH_CHECK(row_tiles <= std::numeric_limits<int32_t>::max(), "relconv: ", a.num_out,
+  RELCONV_CHECK(row_tiles <= std::numeric_limits<int32_t>::max(), "relconv: ", a.num_out,
               " output rows need more than 2^31 - 1 thread blocks");
   a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
   const int64_t y = int64_t{a.n_tiles} * a.groups;

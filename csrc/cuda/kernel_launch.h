@@ -3,6 +3,7 @@
 // relation split (relation_split_sum in conv_forward_table.cuh; common/kernel_choice.h sets it).
 #pragma once
 
+#include "common/error_message.h"
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -53,7 +54,7 @@ void launch_split(void (*kernel)(Args), dim3 grid, int threads, int smem_bytes, 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
-  TORCH_CHECK(int64_t{grid.x} * a.split <= std::numeric_limits<int32_t>::max(), "relconv: too many row tiles");
+  RELCONV_CHECK(int64_t{grid.x} * a.split <= std::numeric_limits<int32_t>::max(), "relconv: too many row tiles");
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(grid.x * a.split, grid.y, grid.z);
   config.blockDim = dim3(threads);

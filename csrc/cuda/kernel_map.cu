@@ -1,6 +1,7 @@
 // CUDA launch wrappers of the kernel-map builders (kernels in kernel_map_hash.cuh and
 // kernel_map_query.cuh). Only relconv_strided_coords reads device memory on the host: the number of
 // coarse sites sizes its output, and the error words of the same call ride along in that one copy.
+#include "common/error_message.h"
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/record_function.h>
@@ -37,17 +38,17 @@ constexpr int64_t kMaxHashRows = int64_t{1} << 30;
 
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + cuda::kMapThreads - 1) / cuda::kMapThreads;
-  TORCH_CHECK(b <= std::numeric_limits<int32_t>::max(), "relconv kernel maps: ", n, " threads is too many");
+  RELCONV_CHECK(b <= std::numeric_limits<int32_t>::max(), "relconv kernel maps: ", n, " threads is too many");
   return static_cast<unsigned>(b);
 }
 
 // Coordinates as the kernels read them: [N, 4] int32, contiguous, rows 16-byte aligned.
 at::Tensor row_major_coords(const at::Tensor& coords, const char* name) {
-  TORCH_CHECK_VALUE(coords.dim() == 2 && coords.size(1) == 4, name,
+  RELCONV_CHECK_VALUE(coords.dim() == 2 && coords.size(1) == 4, name,
                     " must have shape [N, 4] = (batch, x, y, z), got ", coords.sizes());
-  TORCH_CHECK_VALUE(coords.scalar_type() == at::kInt, name, " must be int32, got ", coords.scalar_type());
-  TORCH_CHECK_VALUE(coords.is_cuda(), name, " must be a CUDA tensor, got ", coords.device());
-  TORCH_CHECK_VALUE(coords.size(0) <= kMaxHashRows, name, " has ", coords.size(0),
+  RELCONV_CHECK_VALUE(coords.scalar_type() == at::kInt, name, " must be int32, got ", coords.scalar_type());
+  RELCONV_CHECK_VALUE(coords.is_cuda(), name, " must be a CUDA tensor, got ", coords.device());
+  RELCONV_CHECK_VALUE(coords.size(0) <= kMaxHashRows, name, " has ", coords.size(0),
                     " rows; CUDA kernel maps support at most 2^30");
   at::Tensor c = coords.contiguous();
   if (reinterpret_cast<uintptr_t>(c.const_data_ptr()) % 16 != 0) c = c.clone();
@@ -66,29 +67,29 @@ cuda::HashView view(const at::Tensor& coords, const at::Tensor& slots) {
 }
 
 at::Tensor check_slots(const at::Tensor& slots, const at::Tensor& coords) {
-  TORCH_CHECK_VALUE(slots.dim() == 1 && slots.scalar_type() == at::kInt && slots.numel() >= 2 &&
+  RELCONV_CHECK_VALUE(slots.dim() == 1 && slots.scalar_type() == at::kInt && slots.numel() >= 2 &&
                         (slots.numel() & (slots.numel() - 1)) == 0,
                     "slots must be the int32 power-of-two table from relconv::coord_hash, got ",
                     slots.scalar_type(), " of shape ", slots.sizes());
-  TORCH_CHECK_VALUE(slots.device() == coords.device(), "slots is on ", slots.device(), " but coords on ",
+  RELCONV_CHECK_VALUE(slots.device() == coords.device(), "slots is on ", slots.device(), " but coords on ",
                     coords.device());
-  TORCH_CHECK_VALUE(slots.numel() > coords.size(0), "slots has ", slots.numel(), " entries for ",
+  RELCONV_CHECK_VALUE(slots.numel() > coords.size(0), "slots has ", slots.numel(), " entries for ",
                     coords.size(0), " coordinate rows; it was built for other coordinates");
   return slots.contiguous();
 }
 
 // bits: kErr* flags (the inverse of a device error word).
 void raise_coord_errors(int32_t bits) {
-  TORCH_CHECK_VALUE(!(bits & cuda::kErrNegativeBatch), "coords batch indices (column 0) must be non-negative");
-  TORCH_CHECK_VALUE(!(bits & cuda::kErrDuplicate),
+  RELCONV_CHECK_VALUE(!(bits & cuda::kErrNegativeBatch), "coords batch indices (column 0) must be non-negative");
+  RELCONV_CHECK_VALUE(!(bits & cuda::kErrDuplicate),
                     "coords contain duplicate (batch, x, y, z) rows; merge them first with "
                     "VoxelTensor.coalesce() or voxelize()");
-  TORCH_CHECK_VALUE(!(bits & cuda::kErrOverflow),
+  RELCONV_CHECK_VALUE(!(bits & cuda::kErrOverflow),
                     "coords: a strided output coordinate (rounded down to the stride) leaves the int32 range");
 }
 
 void check_error_word(const at::Tensor& error, const at::Tensor& coords) {
-  TORCH_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.device() == coords.device(),
+  RELCONV_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.device() == coords.device(),
                     "input_error must be the int32 [1] error word of relconv::coord_hash on ", coords.device());
 }
 
@@ -195,7 +196,7 @@ class PublishedWords {
           (void)cudaGetLastError();  // not an error: clear it, as aten's CUDAEvent::query does
         } else {
           C10_CUDA_CHECK(state);
-          TORCH_CHECK(static_cast<uint32_t>(*word >> 32) == want,
+          RELCONV_CHECK(static_cast<uint32_t>(*word >> 32) == want,
                       "relconv: a coordinate check's error word was never published");
         }
       }
@@ -211,7 +212,7 @@ class PublishedWords {
       std::memset(p, 0, kSlots * sizeof(unsigned long long));
       void* device_view = nullptr;
       C10_CUDA_CHECK(cudaHostGetDevicePointer(&device_view, p, 0));
-      TORCH_CHECK(device_view == p, "relconv: pinned host memory needs unified addressing");
+      RELCONV_CHECK(device_view == p, "relconv: pinned host memory needs unified addressing");
       ring.words = static_cast<unsigned long long*>(p);
     }
     return ring;
@@ -262,20 +263,20 @@ std::tuple<at::Tensor, at::Tensor> coord_hash_cuda(const at::Tensor& coords) {
 }
 
 cuda::KernelGeometry geometry(at::IntArrayRef kernel_size, at::IntArrayRef step) {
-  TORCH_CHECK_VALUE(kernel_size.size() == 3, "kernel_size must have 3 entries, got ", kernel_size.size());
-  TORCH_CHECK_VALUE(step.size() == 3, "step must have 3 entries, got ", step.size());
+  RELCONV_CHECK_VALUE(kernel_size.size() == 3, "kernel_size must have 3 entries, got ", kernel_size.size());
+  RELCONV_CHECK_VALUE(step.size() == 3, "step must have 3 entries, got ", step.size());
   cuda::KernelGeometry g{};
   int64_t volume = 1;
   for (int a = 0; a < 3; ++a) {
-    TORCH_CHECK_VALUE(kernel_size[a] >= 1 && kernel_size[a] <= 1024, "kernel_size must lie in [1, 1024], got ",
+    RELCONV_CHECK_VALUE(kernel_size[a] >= 1 && kernel_size[a] <= 1024, "kernel_size must lie in [1, 1024], got ",
                       kernel_size);
-    TORCH_CHECK_VALUE(step[a] >= 1 && step[a] <= std::numeric_limits<int32_t>::max(),
+    RELCONV_CHECK_VALUE(step[a] >= 1 && step[a] <= std::numeric_limits<int32_t>::max(),
                       "step (dilation * tensor stride) must lie in [1, 2^31), got ", step);
     g.size[a] = static_cast<int32_t>(kernel_size[a]);
     g.step[a] = step[a];
     volume *= kernel_size[a];
   }
-  TORCH_CHECK_VALUE(volume <= std::numeric_limits<int32_t>::max(), "kernel volume ", volume, " is too large");
+  RELCONV_CHECK_VALUE(volume <= std::numeric_limits<int32_t>::max(), "kernel volume ", volume, " is too large");
   g.volume = static_cast<int32_t>(volume);
   return g;
 }
@@ -330,19 +331,19 @@ at::Tensor kernel_map_table_cuda(const at::Tensor& in_coords, const at::Tensor& 
                                  at::IntArrayRef kernel_size, at::IntArrayRef step, at::ScalarType dtype) {
   const at::Tensor ci = row_major_coords(in_coords, "in_coords");
   const at::Tensor co = row_major_coords(out_coords, "out_coords");
-  TORCH_CHECK_VALUE(co.device() == ci.device(), "out_coords is on ", co.device(), " but in_coords on ",
+  RELCONV_CHECK_VALUE(co.device() == ci.device(), "out_coords is on ", co.device(), " but in_coords on ",
                     ci.device());
   const at::Tensor s = check_slots(slots, ci);
-  TORCH_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "dtype must be int32 or int64, got ", dtype);
+  RELCONV_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "dtype must be int32 or int64, got ", dtype);
   const cuda::KernelGeometry g = geometry(kernel_size, step);
   const c10::cuda::CUDAGuard guard(ci.device());
   return table_kernel(ci, s, co, in_coords.is_same(out_coords), g, dtype);
 }
 
 void check_out_step(at::IntArrayRef step) {
-  TORCH_CHECK_VALUE(step.size() == 3, "step must have 3 entries, got ", step.size());
+  RELCONV_CHECK_VALUE(step.size() == 3, "step must have 3 entries, got ", step.size());
   for (int a = 0; a < 3; ++a) {
-    TORCH_CHECK_VALUE(step[a] >= 1 && step[a] <= std::numeric_limits<int32_t>::max(),
+    RELCONV_CHECK_VALUE(step[a] >= 1 && step[a] <= std::numeric_limits<int32_t>::max(),
                       "step (stride * tensor stride) must lie in [1, 2^31), got ", step);
   }
 }
@@ -524,7 +525,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> hashed_submanifold_table
 
 // A coordinate set's deferred check (CoordIndex.ensure_valid).
 void check_coords_cuda(const at::Tensor& error, int64_t ticket) {
-  TORCH_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.is_cuda(),
+  RELCONV_CHECK_VALUE(error.numel() == 1 && error.scalar_type() == at::kInt && error.is_cuda(),
                     "error must be the int32 [1] CUDA error word of relconv::coord_hash");
   const c10::cuda::CUDAGuard guard(error.device());
   raise_word_errors(error, ticket, c10::cuda::getCurrentCUDAStream());

@@ -1,6 +1,7 @@
 // CUDA wrappers of the neighbour-table ops (kernels in relation_tables.cuh): layouts of any
 // relational map with unique slots, derived on the device without a host sync. relconv.ops.map_views
 // calls them and caches their results on the map.
+#include "common/error_message.h"
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
@@ -25,18 +26,18 @@ constexpr int kThreads = 256;
 
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
-  TORCH_CHECK(b <= std::numeric_limits<int32_t>::max(), "relconv table ops: ", n, " threads is too many");
+  RELCONV_CHECK(b <= std::numeric_limits<int32_t>::max(), "relconv table ops: ", n, " threads is too many");
   return static_cast<unsigned>(b);
 }
 
 // [num_in, R] table of the transposed map from the [num_out, R] table of an injective map.
 at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in) {
-  TORCH_CHECK_VALUE(table.dim() == 2, "table must be 2-D [num_out, K], got shape ", table.sizes());
-  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
+  RELCONV_CHECK_VALUE(table.dim() == 2, "table must be 2-D [num_out, K], got shape ", table.sizes());
+  RELCONV_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
                     "table must be int32 or int64, got ", table.scalar_type());
-  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
-  TORCH_CHECK_VALUE(num_in >= 0, "num_in must be non-negative, got ", num_in);
-  TORCH_CHECK_VALUE(table.size(1) <= std::numeric_limits<int32_t>::max(), "table has too many columns");
+  RELCONV_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
+  RELCONV_CHECK_VALUE(num_in >= 0, "num_in must be non-negative, got ", num_in);
+  RELCONV_CHECK_VALUE(table.size(1) <= std::numeric_limits<int32_t>::max(), "table has too many columns");
   const c10::cuda::CUDAGuard guard(table.device());
   const at::Tensor t = table.contiguous();
   const int64_t num_out = t.size(0), volume = t.size(1);
@@ -60,12 +61,12 @@ at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in
 // the pairs in (relation, out) order and the rest -1. Every relconv kernel reads pairs only through
 // rel_ptr, so the padding is never touched; its length is all the host needs for launch bounds.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> table_pairs_cuda(const at::Tensor& table) {
-  TORCH_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
-  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
+  RELCONV_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
+  RELCONV_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
                     "table must be int32 or int64, got ", table.scalar_type());
-  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
+  RELCONV_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
   const int64_t n = table.size(0), r = table.size(1), capacity = n * r;
-  TORCH_CHECK_VALUE(table.scalar_type() == at::kLong || capacity <= std::numeric_limits<int32_t>::max(),
+  RELCONV_CHECK_VALUE(table.scalar_type() == at::kLong || capacity <= std::numeric_limits<int32_t>::max(),
                     "an int32 table holds at most 2^31 - 1 entries, got ", n, " x ", r);
   const c10::cuda::CUDAGuard guard(table.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -102,12 +103,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> table_pairs_cuda(const at::Tensor
 // only the key bits in use (4 passes for 27 relations). Integer counts and a stable sort make the
 // order a pure function of the table; no host sync.
 at::Tensor neighbor_table_order_cuda(const at::Tensor& table) {
-  TORCH_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
-  TORCH_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
+  RELCONV_CHECK_VALUE(table.dim() == 2, "table must have shape [num_out, R], got ", table.sizes());
+  RELCONV_CHECK_VALUE(table.scalar_type() == at::kInt || table.scalar_type() == at::kLong,
                     "table must be int32 or int64, got ", table.scalar_type());
-  TORCH_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
+  RELCONV_CHECK_VALUE(table.is_cuda(), "table must be a CUDA tensor, got ", table.device());
   const int64_t n = table.size(0), r = table.size(1);
-  TORCH_CHECK_VALUE(n <= std::numeric_limits<int32_t>::max(), "table has ", n, " rows; at most 2^31 - 1");
+  RELCONV_CHECK_VALUE(n <= std::numeric_limits<int32_t>::max(), "table has ", n, " rows; at most 2^31 - 1");
   const c10::cuda::CUDAGuard guard(table.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor t = table.contiguous();

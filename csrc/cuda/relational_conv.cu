@@ -2,6 +2,7 @@
 // and call the launchers (conv_launch.h), which launch the configuration common/kernel_choice.h names:
 // ONE main kernel covering all relations. No host synchronisation: every launch size comes from tensor shapes, so a
 // forward pass can be captured in a CUDA graph.
+#include "common/error_message.h"
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -40,7 +41,7 @@ void dispatch_types(at::ScalarType dtype, at::ScalarType index_dtype, F&& f) {
     case at::kDouble: return with_index(double{});
     case at::kHalf: return with_index(__half{});
     case at::kBFloat16: return with_index(__nv_bfloat16{});
-    default: TORCH_CHECK(false, "relconv CUDA kernels: unsupported dtype ", dtype);
+    default: RELCONV_CHECK(false, "relconv CUDA kernels: unsupported dtype ", dtype);
   }
 }
 
@@ -52,7 +53,7 @@ const T* ptr(const at::Tensor& t) {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void check_int32_channels(const ConvShape& s) {
-  TORCH_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
+  RELCONV_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
                   s.groups <= std::numeric_limits<int32_t>::max(),
               "relconv CUDA kernels: channel counts must fit int32");
 }
@@ -136,9 +137,9 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
   const auto* prop = at::cuda::getCurrentDeviceProperties();
   const bool rows_fit = x.size(0) <= std::numeric_limits<int32_t>::max();
   if (half) {
-    TORCH_CHECK(prop->major >= 8, "relconv's fp16/bf16 output-stationary kernel needs compute capability 8.0+, got ",
+    RELCONV_CHECK(prop->major >= 8, "relconv's fp16/bf16 output-stationary kernel needs compute capability 8.0+, got ",
                 prop->major, ".", prop->minor, "; use dataflow=Dataflow.FETCH_ON_DEMAND");
-    TORCH_CHECK(rows_fit, "relconv: the fp16/bf16 output-stationary kernel takes at most 2^31 - 1 input rows, got ",
+    RELCONV_CHECK(rows_fit, "relconv: the fp16/bf16 output-stationary kernel takes at most 2^31 - 1 input rows, got ",
                 x.size(0));
   }
   // Whether fp32 may run on TF32 tensor cores; the kernel choice (common/kernel_choice.h) decides.
@@ -196,8 +197,8 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
   // A map built as a neighbour table passes no pairs to an inference forward (pairs_absent).
   const bool table_only = pairs_absent(neighbor_table, in_index, out_index, rel_ptr);
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale, table_only);
-  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
-  TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
+  RELCONV_CHECK_VALUE(num_out >= 0, "num_out must be non-negative, got ", num_out);
+  RELCONV_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
   check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
   check_transposed_table(transposed_table, transposed_order, neighbor_table, x.size(0), s.num_relations);
   check_bias(bias, x, s.groups * s.cout_g);
@@ -250,7 +251,7 @@ at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tenso
                                             int64_t groups, std::optional<at::ScalarType> out_dtype) {
   const ConvShape s = check_weight_grad_args(x, grad_out, in_index, out_index, rel_ptr, scale, groups);
   const at::ScalarType out = weight_grad_dtype(x, out_dtype);
-  TORCH_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
+  RELCONV_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
   const c10::cuda::CUDAGuard guard(x.device());
   if (s.num_pairs == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0 || x.size(0) == 0 ||
       grad_out.size(0) == 0) {

@@ -7,6 +7,7 @@
 // backward), autocast and TF32 / determinism switches (the dataflow), operand dtypes, shapes and
 // device. `run` calls the op through the dispatcher (autograd and autocast as usual) when that state
 // still holds and returns None otherwise, for the caller to prepare the call again.
+#include "common/error_message.h"
 #include "dispatch/prepared_conv.h"
 
 #include <ATen/ATen.h>
@@ -76,7 +77,7 @@ class PreparedConv {
               .relu = relu,
               .transposed_table = std::move(transposed_table),
               .transposed_order = std::move(transposed_order)} {
-    TORCH_CHECK_VALUE(state_.x_rows >= 0, "PreparedConv: x must be 2-D, got ", x.dim(), " dimensions");
+    RELCONV_CHECK_VALUE(state_.x_rows >= 0, "PreparedConv: x must be 2-D, got ", x.dim(), " dimensions");
   }
 
   std::optional<at::Tensor> run(const at::Tensor& x, const at::Tensor& weight,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from relconv.ops import relational_conv
+from relconv.ops import coord_ops, relational_conv
 from relconv.voxel import Conv3d, VoxelTensor
 from relconv.voxel import kernel_map as km
 from relconv.voxel.kernel_map import layer_map
@@ -121,8 +121,8 @@ def test_fresh_submanifold_map_is_one_op_call(monkeypatch, kernel):
         raise AssertionError("a fresh set's map took the split ops")
 
     with monkeypatch.context() as m:
-        m.setattr(km, "_COORD_HASH", split_op)
-        m.setattr(km, "_KERNEL_MAP_TABLE", split_op)
+        m.setattr(coord_ops, "coord_hash", split_op)
+        m.setattr(coord_ops, "kernel_map_table", split_op)
         got = km.submanifold_map(index.coords, kernel, (1, 1, 1), (1, 1, 1), index=index)
     assert index.validated and index.hashed
     ref = km.submanifold_map(coords, kernel, (1, 1, 1), (1, 1, 1))
