@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from relconv.ops import relational_conv
 from relconv.spconv._missing import missing
-from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, expand_nd
+from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, check_geometry, expand_nd
 from relconv.spconv.geometry import build_map, conv_output_size, deconv_output_size
 from relconv.spconv.modules import SparseModule
 from relconv.voxel import conv3d
@@ -105,15 +105,13 @@ class SparseConvolution(SparseModule):
         self.padding = expand_nd(ndim, padding, "padding")
         self.dilation = expand_nd(ndim, dilation, "dilation")
         self.output_padding = expand_nd(ndim, output_padding, "output_padding")
-        for arg, values, low in (
-            ("kernel_size", self.kernel_size, 1),
-            ("stride", self.stride, 1),
-            ("dilation", self.dilation, 1),
-            ("padding", self.padding, 0),
-            ("output_padding", self.output_padding, 0),
-        ):
-            if min(values) < low:
-                raise ValueError(f"{arg} must be >= {low} along every axis, got {values}")
+        check_geometry(
+            kernel_size=self.kernel_size,
+            stride=self.stride,
+            dilation=self.dilation,
+            padding=self.padding,
+            output_padding=self.output_padding,
+        )
         kv = math.prod(self.kernel_size)
         self.conv1x1 = kv == 1 and (subm or math.prod(self.stride) == 1)
         if self.conv1x1 and not subm and any(self.padding):

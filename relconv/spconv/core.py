@@ -35,6 +35,19 @@ def expand_nd(ndim: int, value: object, name: str = "value") -> list[int]:
     raise TypeError(f"{name} must be an int or a sequence of {ndim} ints, got {value!r}")
 
 
+# The smallest value each geometry argument of a conv or pool takes along an axis.
+_GEOMETRY_LOWEST = {"kernel_size": 1, "stride": 1, "dilation": 1, "padding": 0, "output_padding": 0}
+
+
+def check_geometry(**values: list[int]) -> None:
+    """Raises ValueError naming the first geometry argument (`kernel_size=[...]`, ...) that falls
+    below its smallest value along some axis."""
+    for arg, per_axis in values.items():
+        low = _GEOMETRY_LOWEST[arg]
+        if min(per_axis) < low:
+            raise ValueError(f"{arg} must be >= {low} along every axis, got {per_axis}")
+
+
 class SiteSet:
     """One coordinate set: the user-facing `indices [N, ndim + 1]`, the relconv coordinates
     `coords [N, 4]` (2-D grids get a zero third axis), the relconv map cache that holds the

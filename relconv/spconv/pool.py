@@ -13,7 +13,7 @@ from torch import Tensor
 
 from relconv.spconv._missing import missing
 from relconv.spconv.conv import as_3d, check_ndim, strided_sites
-from relconv.spconv.core import IndiceData, SparseConvTensor, expand_nd
+from relconv.spconv.core import IndiceData, SparseConvTensor, check_geometry, expand_nd
 from relconv.spconv.geometry import conv_output_size
 from relconv.spconv.modules import SparseModule
 from relconv.voxel import submanifold_map
@@ -50,14 +50,9 @@ class SparseMaxPool(SparseModule):
         self.stride = list(self.kernel_size) if stride is None else expand_nd(ndim, stride, "stride")
         self.padding = expand_nd(ndim, padding, "padding")
         self.dilation = expand_nd(ndim, dilation, "dilation")
-        for arg, values, low in (
-            ("kernel_size", self.kernel_size, 1),
-            ("stride", self.stride, 1),
-            ("dilation", self.dilation, 1),
-            ("padding", self.padding, 0),
-        ):
-            if min(values) < low:
-                raise ValueError(f"{arg} must be >= {low} along every axis, got {values}")
+        check_geometry(
+            kernel_size=self.kernel_size, stride=self.stride, dilation=self.dilation, padding=self.padding
+        )
         if subm and any(k % 2 == 0 for k in self.kernel_size):
             raise ValueError(f"a submanifold pool's kernel_size must be odd per axis, got {self.kernel_size}")
         self.subm, self.indice_key, self.algo = subm, indice_key, algo
