@@ -58,19 +58,11 @@ def _extension():
     # 2.10); forcing an older one compiles torch's inline headers differently from libtorch.
     cxx = ["-O3", "-fopenmp"]
     link = ["-fopenmp"]
-    # libstdc++ ahead of torch's libraries in the link, so that the extension's calls into the C++
-    # runtime bind to libstdc++ alone: libc10 also exports copies of some of its members (the
-    # std::ostringstream constructor and str(), linked in statically by the toolchain torch is built
-    # with), and by default every c10::str of several pieces builds its stream with libc10's copy and
-    # writes numbers into it with libstdc++'s. Where the two disagree a TORCH_CHECK message with a
-    # number segfaults instead of raising (tests/gpu_host/check_extension_errors.py shows the bindings).
-    runtime_first = ["stdc++"]
     if not _with_cuda():
         return CppExtension(
             "relconv._C",
             sources,
             include_dirs=include_dirs,
-            libraries=runtime_first,
             extra_compile_args={"cxx": cxx},
             extra_link_args=link,
         )
@@ -80,7 +72,6 @@ def _extension():
         sources + _sources("csrc/cuda/*.cu"),
         include_dirs=[*include_dirs, _cutlass_include()],
         define_macros=[("RELCONV_WITH_CUDA", None)],
-        libraries=runtime_first,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         extra_link_args=link,
     )

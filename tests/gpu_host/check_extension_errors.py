@@ -3,8 +3,9 @@ assembled from several pieces (a number, or two strings)? And if not, why?
 
 On one GPU host (torch 2.11.0+cu130, gcc 13.3) a five-line extension with no relconv code segfaults
 when a check whose message formats a number fails, while a one-piece message raises a clean
-ValueError; relconv's own argument checks crash there too. A one-piece message never reaches a
-std::ostringstream (c10::str returns it as it is); any other is assembled in one. libc10 exports
+ValueError; relconv's own argument checks crashed there too before they built their messages from
+strings. A one-piece message never reaches a std::ostringstream (c10::str returns it as it is); any
+other is assembled in one. libc10 exports
 copies of some libstdc++ members (among them std::ostringstream's default constructor and its
 C++20 `str() const&`, newer than the base libstdc++ of the toolchain torch is built with, which
 links them in statically), and an extension linked the default way (torch's libraries ahead of
@@ -17,9 +18,11 @@ builds a probe extension in several variants (compile and link flags), calls eac
 a fresh process, and prints the environment, which loaded libraries export libstdc++ stream
 symbols, where the probe's references to the C++ runtime bind (LD_DEBUG), the outcome of every
 variant and call, a native backtrace if the default build crashes (gdb), and relconv's own
-extension with a bad argument and its DT_NEEDED order. The cause above predicts: `default` and
-`c++17` crash at `number` and `format_only` only; `libstdc++-first` (what setup.py links) and
-`LD_PRELOAD libstdc++` raise everywhere. Exit code 0 when every default call raised its ValueError.
+extension with a bad argument and its DT_NEEDED order. On the H100 host `default` and `c++17`
+crash at `number` and `format_only` only, and `to_string` raises. Linking libstdc++ first in
+DT_NEEDED does not help relconv there (libc10 is loaded into the global scope before it), while
+LD_PRELOAD of libstdc++ does; relconv therefore builds every check message from strings
+(csrc/common/error_message.h). Exit code 0 when every default call raised its ValueError.
 """
 
 import concurrent.futures
