@@ -22,7 +22,7 @@ from relconv.spconv._missing import missing
 from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, check_geometry, expand_nd
 from relconv.spconv.geometry import build_map, conv_output_size, deconv_output_size
 from relconv.spconv.modules import SparseModule
-from relconv.voxel import conv3d
+from relconv.voxel import PreparedCalls, conv3d
 
 _MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"
 SUPPORTED_NDIM = (2, 3)
@@ -138,6 +138,8 @@ class SparseConvolution(SparseModule):
         self._dilation_3d = tuple(as_3d(self.dilation, 1))
         # The relconv view of the weight, kept between calls that record no gradient: (key, view).
         self._kernel_cache: tuple | None = None
+        # A submanifold layer's prepared relconv calls, one per site set it runs over.
+        self._calls = PreparedCalls()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -231,7 +233,13 @@ class SparseConvolution(SparseModule):
         else:
             sites = x._sites
         voxel = sites.voxel(x.features)
-        out = conv3d(voxel, self._kernel(weight), self._kernel_3d, 1, self._dilation_3d, bias=bias).feats
+        kernel = self._kernel(weight)
+        out = self._calls.run(voxel, kernel, bias)
+        if out is None:
+            out = conv3d(
+                voxel, kernel, self._kernel_3d, 1, self._dilation_3d, bias=bias, prepared=self._calls
+            )
+        out = out.feats
         indice_dict = x.indice_dict
         if key is not None and datas is None:
             indice_dict = dict(indice_dict)

@@ -4,7 +4,7 @@ See docs/voxel.md for the conventions (coordinate layout, kernel-offset order, w
 negative coordinates, map caching and `indice_key`).
 """
 
-from relconv.voxel.conv import Conv3d, conv3d
+from relconv.voxel.conv import Conv3d, PreparedCalls, conv3d
 from relconv.voxel.fuse import fold_batchnorm, fuse_conv_bn
 from relconv.voxel.kernel_map import (
     MapCache,
@@ -31,6 +31,7 @@ __all__ = [
     "LeakyReLU",
     "MapCache",
     "MaxPool3d",
+    "PreparedCalls",
     "ReLU",
     "Sequential",
     "SyncBatchNorm",

@@ -23,6 +23,7 @@ Conventions (stable; the benchmarks convert weights to other libraries' layouts 
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ def conv3d(
     generative: bool = False,
     indice_key: str | None = None,
     activation: str | None = None,
+    prepared: PreparedCalls | None = None,
 ) -> VoxelTensor:
     """Functional sparse conv; see the module docstring for geometry and weight layout.
 
@@ -57,6 +59,10 @@ def conv3d(
         weight: [K, C_in, C_out] or [K, groups, C_in/groups, C_out/groups], K = prod(kernel_size).
         bias: optional [C_out].
         activation: None or "relu", applied after the bias.
+        prepared: a layer's `PreparedCalls`, for a module that calls conv3d with the same geometry
+            every time (a front end with weights of its own layout): conv3d keeps the prepared op
+            call there at the layer's second call over a coordinate set, and `prepared.run(x,
+            weight, bias)` runs it afterwards, skipping the map lookup, the plan and these checks.
     Returns:
         VoxelTensor with features [M, C_out] at the output coordinates.
     """
@@ -72,7 +78,9 @@ def conv3d(
     if weight.shape[0] != math.prod(k):
         raise ValueError(f"weight has {weight.shape[0]} offsets but kernel_size {k} has {math.prod(k)}")
     _check_activation(activation)
-    return run_layer(x, weight, k, s, d, groups, bias, transposed, generative, indice_key, activation)
+    return run_layer(
+        x, weight, k, s, d, groups, bias, transposed, generative, indice_key, activation, prepared
+    )
 
 
 def _check_activation(activation: str | None) -> None:
@@ -92,11 +100,11 @@ def run_layer(
     generative: bool,
     indice_key: str | None,
     activation: str | None,
-    layer: Conv3d | None = None,
+    prepared: PreparedCalls | None = None,
 ) -> VoxelTensor:
-    """conv3d on validated, normalised arguments: the per-call path of `conv3d`, of `Conv3d` (which
-    passes itself as `layer`, to keep its prepared call: see `LayerPlan`) and of the folded layers of
-    `relconv.voxel.Sequential`."""
+    """conv3d on validated, normalised arguments: the per-call path of `conv3d`, of `Conv3d` and the
+    compatibility layers (which pass their `PreparedCalls`, to keep the prepared op call) and of the
+    folded layers of `relconv.voxel.Sequential`."""
     if k == (1, 1, 1) and s == (1, 1, 1) and groups == 1 and indice_key is None:
         # A 1x1x1 submanifold conv is a plain matmul; skip the identity map.
         # squeeze, not weight[0]: a select's backward zero-fills and copies (two launches per step).
@@ -106,8 +114,8 @@ def run_layer(
     lm = layer_map(x, k, s, d, transposed, generative, indice_key, defer_check=True)
     # Bias and ReLU go into the op: on CUDA's output-stationary path they are the kernel's epilogue.
     call = conv_call(x.feats, weight, lm.rmap, groups, bias=bias, activation=activation)
-    if lm.unchecked is None and layer is not None and lm.out_cache is x.cache:
-        layer._keep(x, call[0], bias, lm)
+    if lm.unchecked is None and prepared is not None and lm.out_cache is x.cache:
+        prepared.keep(x, call[0], bias, lm)
     out = run_conv(call)
     if lm.unchecked is not None:
         # New CUDA coordinates are checked once the conv is queued: the check waits only for the
@@ -123,8 +131,8 @@ def run_layer(
 
 
 class LayerPlan(NamedTuple):
-    """A `Conv3d`'s prepared call over one coordinate set, kept on the module (`Conv3d._prepared`,
-    keyed by the set's `MapCache`).
+    """A layer's prepared call over one coordinate set, kept in its `PreparedCalls` (keyed by the
+    set's `MapCache`).
 
     Preparing a call (map lookup, execution plan, table schedule, pair lists, checks) costs about as
     much host time as the op's dispatch and launch: a cached C64 fp16 layer takes 28-31 us to
@@ -140,6 +148,53 @@ class LayerPlan(NamedTuple):
     run: Callable[[Tensor, Tensor, Tensor | None], Tensor | None] | None
     out_coords: Tensor | None
     out_stride: Triple | None
+
+
+class PreparedCalls(dict):
+    """One layer's `LayerPlan`s, by `id` of the coordinate set's `MapCache`. `Conv3d` keeps one, and
+    so does every compatibility layer (`relconv.spconv`, `relconv.torchsparse`) that runs a relconv
+    conv with weights of its own layout: `run` is the fast path, `run_layer(..., prepared=)` the
+    full one that stores the plans. Copies and pickles start empty: a plan is bound to tensors of
+    this process."""
+
+    def run(self, x: VoxelTensor, weight: Tensor, bias: Tensor | None) -> VoxelTensor | None:
+        """The stored call over x's coordinates, or None where there is none or it steps aside."""
+        if not direct_ok((x.feats, weight, bias)):
+            return None
+        cache = x.cache
+        plan = self.get(id(cache))
+        if plan is None or plan.run is None or plan.cache() is not cache or plan.in_stride != x.stride:
+            return None
+        out = plan.run(x.feats, weight, bias)
+        return None if out is None else VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, cache)
+
+    def keep(self, x: VoxelTensor, args, bias: Tensor | None, lm: LayerMap) -> None:
+        """Marks the layer's first call over x's coordinates and keeps its prepared call
+        (`relconv.ops.prepare`) at the second. A bias that needs a cast per call gets none."""
+        cache, key = x.cache, id(x.cache)
+        seen = self.get(key)
+        if seen is None or seen.cache() is not cache:
+            # The mark leaves with the coordinates: a network over a new scan keeps no marks.
+            ref = weakref.ref(cache, functools.partial(_forget, weakref.ref(self), key))
+            self[key] = LayerPlan(ref, x.stride, None, None, None)
+            return
+        if args.bias is not bias:
+            return
+        self[key] = seen._replace(
+            run=prepare(args, lm.rmap), out_coords=lm.out_coords, out_stride=lm.out_stride
+        )
+
+    def __deepcopy__(self, memo: dict) -> PreparedCalls:
+        return PreparedCalls()
+
+    def __reduce__(self):
+        return (PreparedCalls, ())
+
+
+def _forget(calls: weakref.ref, key: int, _cache: weakref.ref) -> None:
+    owner = calls()
+    if owner is not None:
+        owner.pop(key, None)
 
 
 class Conv3d(nn.Module):
@@ -197,7 +252,7 @@ class Conv3d(nn.Module):
         )
         self.weight = nn.Parameter(torch.empty(shape))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
-        self._prepared: dict[int, LayerPlan] = {}
+        self._prepared = PreparedCalls()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -212,18 +267,9 @@ class Conv3d(nn.Module):
         if not isinstance(x, VoxelTensor):
             raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
         weight, bias = registered(self, "weight"), registered(self, "bias")
-        if direct_ok((x.feats, weight, bias)):
-            cache = x.cache
-            plan = self._prepared.get(id(cache))
-            if (
-                plan is not None
-                and plan.run is not None
-                and plan.cache() is cache
-                and plan.in_stride == x.stride
-            ):
-                out = plan.run(x.feats, weight, bias)
-                if out is not None:
-                    return VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, cache)
+        out = self._prepared.run(x, weight, bias)
+        if out is not None:
+            return out
         # Arguments were validated and normalised in __init__: the per-call path does no re-checking.
         return run_layer(
             x,
@@ -237,7 +283,7 @@ class Conv3d(nn.Module):
             self.generative,
             self.indice_key,
             self.activation,
-            layer=self,
+            prepared=self._prepared,
         )
 
     def execution_plan(
@@ -250,27 +296,6 @@ class Conv3d(nn.Module):
         )
         weight = registered(self, "weight")
         return plan(lm.rmap, x.feats, weight, self.groups, requires_grad=requires_grad, arch=arch)
-
-    def _keep(self, x: VoxelTensor, args, bias: Tensor | None, lm: LayerMap) -> None:
-        """Marks this layer's first call over x's coordinates and keeps its prepared call
-        (`relconv.ops.prepare`) at the second. A bias that needs a cast per call gets none."""
-        cache, key = x.cache, id(x.cache)
-        seen = self._prepared.get(key)
-        if seen is None or seen.cache() is not cache:
-            # The mark leaves with the coordinates: a network over a new scan keeps no marks.
-            prepared = self._prepared
-            ref = weakref.ref(cache, lambda _, key=key: prepared.pop(key, None))
-            prepared[key] = LayerPlan(ref, x.stride, None, None, None)
-            return
-        if args.bias is not bias:
-            return
-        self._prepared[key] = seen._replace(
-            run=prepare(args, lm.rmap), out_coords=lm.out_coords, out_stride=lm.out_stride
-        )
-
-    def __getstate__(self) -> dict:
-        # A prepared call is bound to tensors of this process: copies and pickles start without.
-        return {**self.__dict__, "_prepared": {}}
 
     def extra_repr(self) -> str:
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"

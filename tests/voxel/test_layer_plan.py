@@ -1,7 +1,7 @@
-"""Conv3d's prepared calls (relconv.voxel.conv.LayerPlan, kept on the module per coordinate set): a
-layer that runs again over the same coordinates runs its stored op call, which must give what
-preparing the call again gives, and must step aside whenever the call state it was made under
-changes."""
+"""Conv3d's prepared calls (relconv.voxel.conv.LayerPlan, kept per coordinate set in the
+module's PreparedCalls): a layer that runs again over the same coordinates runs its stored op
+call, which must give what preparing the call again gives, and must step aside whenever the call
+state it was made under changes."""
 
 import copy
 import pickle
@@ -197,7 +197,8 @@ def test_cuda_planned_training_steps_match_prepared_ones(dtype, channels, monkey
         out = conv(x.replace_feature(feats))
         out.feats.backward(g)
     assert _plan_of(conv, x) is not None
-    monkeypatch.setattr(conv_module.Conv3d, "_keep", lambda *a: None)  # the reference prepares every call
+    # the reference prepares every call
+    monkeypatch.setattr(conv_module.PreparedCalls, "keep", lambda *a: None)
     ref_feats = x.feats.clone().requires_grad_()
     ref_x = VoxelTensor(x.feats, x.coords)
     for _ in range(12):

@@ -30,8 +30,7 @@ from relconv.torchsparse._layout import Geometry, relconv_geometry, to_relconv
 from relconv.torchsparse._layout import torchsparse_lows_cached as torchsparse_lows
 from relconv.torchsparse.nn.functional.conv_config import map_modes
 from relconv.torchsparse.tensor import SparseTensor, TensorCache, get_allow_negative_coordinates, make_ntuple
-from relconv.voxel import Conv3d as VoxelConv3d
-from relconv.voxel import MapCache, VoxelTensor
+from relconv.voxel import MapCache, PreparedCalls, VoxelTensor
 from relconv.voxel import conv3d as voxel_conv3d
 
 __all__ = ["conv3d"]
@@ -98,42 +97,32 @@ def _check_geometry(k: Triple, s: Triple, p: Triple, d: Triple) -> None:
 
 
 class Runs:
-    """A module's prepared relconv layers, one per map geometry it meets (not registered state).
-
-    Each holds a `relconv.voxel.Conv3d` whose weight and bias are set to the converted TorchSparse
-    parameters for each call, so the module runs relconv's own layer (with its prepared-call
-    fast path), and the gather index of the weight conversion per device. With autograd off, the
-    converted weight is kept until the kernel changes (tracked by its version counter).
+    """A module's relconv calls, one set of prepared calls (`relconv.voxel.PreparedCalls`) per map
+    geometry it meets (not registered state), and the gather index of the weight conversion per
+    device. With autograd off, the converted weight is kept until the kernel changes (tracked by
+    its version counter).
     """
 
-    def __init__(
-        self, owner: nn.Module, in_channels: int, out_channels: int, stride: Triple, transposed: bool
-    ):
-        # The module these layers serve: a copy of it (DataParallel's replicas share its __dict__)
-        # makes its own, as each call sets weights on them.
+    def __init__(self, owner: nn.Module):
+        # The module these calls serve: a copy of it (DataParallel's replicas share its __dict__)
+        # makes its own, as the kept weights are the module's.
         self.owner = weakref.ref(owner)
-        self.args = (in_channels, out_channels, stride, transposed)
-        self.layers: dict[Triple, tuple[Geometry, VoxelConv3d]] = {}
+        self.layers: dict[Triple, tuple[Geometry, PreparedCalls]] = {}
         self.index: dict[tuple, Tensor] = {}
         self.weights: dict[Triple, tuple] = {}
 
     def __getstate__(self) -> dict:
-        # Copies and pickles start without layers or cached weights (they are rebuilt on use).
-        return {"owner": None, "args": self.args, "layers": {}, "index": {}, "weights": {}}
+        # Copies and pickles start without calls or kept weights (they are rebuilt on use).
+        return {"owner": None, "layers": {}, "index": {}, "weights": {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.owner = lambda: None
 
-    def layer(self, kernel_size: Triple, lows: Triple) -> tuple[Geometry, VoxelConv3d]:
+    def layer(self, kernel_size: Triple, lows: Triple) -> tuple[Geometry, PreparedCalls]:
         entry = self.layers.get(lows)
         if entry is None:
-            geometry = relconv_geometry(kernel_size, lows)
-            cin, cout, stride, transposed = self.args
-            native = VoxelConv3d(cin, cout, geometry.size, stride=stride, transposed=transposed)
-            # Its own weight is never used: each call sets the converted one.
-            native._parameters["weight"] = None
-            entry = self.layers[lows] = (geometry, native)
+            entry = self.layers[lows] = (relconv_geometry(kernel_size, lows), PreparedCalls())
         return entry
 
     def weight(self, kernel: Tensor, lows: Triple, geometry: Geometry) -> Tensor:
@@ -192,18 +181,17 @@ def run_conv(
             vt = VoxelTensor(vt.feats, vt.coords, vt.stride, cache=record.voxel)
         out_ts = tuple(t * si for t, si in zip(x.stride, s, strict=True))
     if runs is not None:
-        geometry, native = runs.layer(k, lows)
-        params = native._parameters
-        params["weight"], params["bias"] = runs.weight(weight, lows, geometry), bias
-        try:
-            out = native.forward(vt)
-        finally:
-            params["weight"] = params["bias"] = None  # the layer holds no tensor between calls
+        geometry, calls = runs.layer(k, lows)
+        weight = runs.weight(weight, lows, geometry)
+        out = calls.run(vt, weight, bias)
     else:
-        geometry = relconv_geometry(k, lows)
+        geometry, calls, out = relconv_geometry(k, lows), None, None
         index = None if geometry.index is None else torch.tensor(geometry.index, device=weight.device)
         weight = to_relconv(weight, geometry, index)
-        out = voxel_conv3d(vt, weight, geometry.size, stride=s, bias=bias, transposed=transposed)
+    if out is None:
+        out = voxel_conv3d(
+            vt, weight, geometry.size, stride=s, bias=bias, transposed=transposed, prepared=calls
+        )
     return _wrap(out, out_ts, out_range, caches, hint)
 
 
@@ -424,7 +412,7 @@ class Conv3d(nn.Module):
             self.bias = nn.Parameter(torch.zeros(out_channels))
         else:
             self.register_parameter("bias", None)
-        self._runs = Runs(self, in_channels, out_channels, self.stride, transposed)
+        self._runs = Runs(self)
         self._dilation3 = make_ntuple(dilation, 3, "dilation")
         self.reset_parameters()
 
@@ -459,7 +447,7 @@ class Conv3d(nn.Module):
         params = self._parameters
         runs = self._runs
         if runs.owner() is not self:
-            runs = self._runs = Runs(self, *runs.args)
+            runs = self._runs = Runs(self)
         modes = map_modes(self._config)
         return run_conv(
             input,

@@ -1,0 +1,88 @@
+"""The shims' convolutions keep relconv's prepared op calls (relconv.voxel.PreparedCalls), as the
+native Conv3d does: a layer's third call over the same sites runs the stored call, which gives
+what preparing the call again gives, also after the weights change and in training."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import relconv.spconv as spconv
+import relconv.torchsparse.nn as spnn
+from relconv.voxel import PreparedCalls
+from tests.compat.spconv_refs import random_tensor
+from tests.compat.torchsparse_refs import scene
+
+
+def _spconv_case():
+    layer = spconv.SubMConv3d(4, 6, 3, bias=True).double()
+    x = random_tensor([7, 6, 5], 2, 80, 4, seed=1)
+    x = x.replace_feature(x.features.double())
+    return layer, x, lambda lyr: [lyr._calls]
+
+
+def _torchsparse_case(stride):
+    layer = spnn.Conv3d(3, 5, 3, stride=stride, bias=True).double()
+    x = scene(n=80)
+    return layer, x, lambda lyr: [calls for _, calls in lyr._runs.layers.values()]
+
+
+CASES = {
+    "spconv-subm": _spconv_case,
+    "torchsparse-subm": lambda: _torchsparse_case(1),
+    "torchsparse-strided": lambda: _torchsparse_case(2),
+}
+
+
+def _feats(out):
+    return out.features if hasattr(out, "features") else out.feats
+
+
+def _spy_on(calls_of, layer):
+    """Wraps every stored call of the layer; returns the list the wrappers append to."""
+    seen = []
+    for calls in calls_of(layer):
+        assert isinstance(calls, PreparedCalls)
+        for key, plan in calls.items():
+            assert plan.run is not None, "the second call over these sites stores the prepared call"
+            calls[key] = plan._replace(run=lambda *a, run=plan.run: seen.append(a) or run(*a))
+    return seen
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_third_call_runs_the_prepared_call_and_matches(case):
+    layer, x, calls_of = CASES[case]()
+    fresh = copy.deepcopy(layer)  # starts without calls: every call prepared from scratch
+    with torch.no_grad():
+        layer(x)
+        layer(x)
+        seen = _spy_on(calls_of, layer)
+        got = _feats(layer(x))
+        assert len(seen) == 1
+        want = _feats(copy.deepcopy(fresh)(x))
+        for p in (*layer.parameters(), *fresh.parameters()):
+            p.mul_(-0.5)
+        changed = _feats(layer(x))
+        assert len(seen) == 2
+        want_changed = _feats(fresh(x))
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(changed, want_changed)
+    assert calls_of(fresh) and all(c is not d for c in calls_of(fresh) for d in calls_of(layer))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_prepared_training_steps_match_fresh_ones(case):
+    layer, x, calls_of = CASES[case]()
+    fresh = copy.deepcopy(layer)
+    for _ in range(3):
+        layer.zero_grad()
+        out = layer(x)
+        _feats(out).square().sum().backward()
+    assert any(plan.run is not None for calls in calls_of(layer) for plan in calls.values())
+    ref = fresh(x)
+    _feats(ref).square().sum().backward()
+    torch.testing.assert_close(_feats(out), _feats(ref))
+    for p, q in zip(layer.parameters(), fresh.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
