@@ -1,12 +1,16 @@
-"""Runs spconv's own layer tests (`test/test_conv.py` of a spconv snapshot) against relconv.spconv.
+"""Runs spconv's own layer tests (`test/test_conv.py` and `test/test_multi_impl.py` of a spconv
+snapshot) against relconv.spconv.
 
     python -m tests.compat.spconv_upstream /path/to/spconv-checkout [--device cuda] [--small] [--tests ...]
 
 The snapshot's files are read at run time, never copied: `spconv.test_utils` (numpy-only helpers)
-is loaded from the checkout, `relconv.spconv.install()` stands in for spconv, and the test module's
+is loaded from the checkout, `relconv.spconv.install()` stands in for spconv, and test_conv.py's
 hard-coded device list is replaced by `--device`. `--small` shrinks the channel counts and runs one
 `algo` (relconv ignores it) so that the CPU run takes minutes; the geometry grid is spconv's.
-Prints PASS / FAIL per test and exits non-zero on any failure.
+`test_multi_impl` compares one network on the CPU with the same network on CUDA (under each of
+spconv's algorithms, which relconv ignores), so it needs a GPU; its unused `cumm.tensorview` import
+gets an empty stand-in where cumm is not installed. Prints PASS / FAIL / SKIP per test and exits
+non-zero on any failure.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import traceback
 import types
 from pathlib import Path
 
-TESTS = ("test_spconv3d", "test_spdeconv3d", "test_spmaxpool3d", "test_spglobalmaxpool3d")
+import torch
+
+CONV_TESTS = ("test_spconv3d", "test_spdeconv3d", "test_spmaxpool3d", "test_spglobalmaxpool3d")
+TESTS = (*CONV_TESTS, "test_multi_impl")
 
 
 def _load(name: str, path: Path, source: str | None = None) -> types.ModuleType:
@@ -57,18 +64,40 @@ def main() -> int:
             ),
         ):
             source = source.replace(old, new)
-    tests = _load("spconv_upstream_test_conv", args.checkout / "test" / "test_conv.py", source)
+    conv_tests = _load("spconv_upstream_test_conv", args.checkout / "test" / "test_conv.py", source)
+    modules = {"test_conv": conv_tests}
     failed = 0
     for name in args.tests:
+        if name not in TESTS:
+            print(f"{name} FAIL: unknown test; known: {', '.join(TESTS)}")
+            failed += 1
+            continue
+        if name == "test_multi_impl":
+            if not torch.cuda.is_available():
+                print(f"{name} SKIP: compares the CPU with CUDA, and CUDA is not available")
+                continue
+            modules.setdefault(name, _multi_impl_module(args.checkout))
+        test = getattr(modules["test_conv" if name in CONV_TESTS else name], name)
         start = time.time()
         try:
-            getattr(tests, name)()
+            test()
             print(f"{name} PASS ({time.time() - start:.1f} s)")
         except Exception:
             failed += 1
             traceback.print_exc()
             print(f"{name} FAIL")
     return 1 if failed else 0
+
+
+def _multi_impl_module(checkout: Path) -> types.ModuleType:
+    try:
+        import cumm.tensorview  # noqa: F401  (the real one, where installed)
+    except ImportError:
+        cumm = types.ModuleType("cumm")
+        cumm.tensorview = types.ModuleType("cumm.tensorview")
+        sys.modules["cumm"], sys.modules["cumm.tensorview"] = cumm, cumm.tensorview
+    path = checkout / "test" / "test_multi_impl.py"
+    return _load("spconv_upstream_test_multi_impl", path)
 
 
 if __name__ == "__main__":
