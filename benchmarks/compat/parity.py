@@ -101,7 +101,10 @@ def run_backbone(name: str, args, work: Path) -> dict:
     common += ["--scene-cache", str(work / "scenes")]
     ref_file = work / f"{name}-{args.reference}.pt"
     report: dict = {"backbone": name, "reference": args.reference, "candidates": {}}
-    err = run_child(["parity", name, args.reference, str(ref_file), *common], args.timeout)
+    # spconv 2.3's CPU kernels race under several OpenMP threads (its outputs differed by up to 15%
+    # from run to run on 2 threads, and were bitwise repeatable on one): CPU runs are single-threaded.
+    env = {"OMP_NUM_THREADS": "1"} if args.device == "cpu" else None
+    err = run_child(["parity", name, args.reference, str(ref_file), *common], args.timeout, env)
     if err:
         report["error"] = f"{args.reference}: {err}"
         return report
@@ -120,7 +123,7 @@ def run_backbone(name: str, args, work: Path) -> dict:
             continue
         cand_file = work / f"{name}-{cand}.pt"
         err = run_child(
-            ["parity", name, cand, str(cand_file), "--state", str(state_file), *common], args.timeout
+            ["parity", name, cand, str(cand_file), "--state", str(state_file), *common], args.timeout, env
         )
         if err:
             report["candidates"][cand] = {"error": err}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,11 +10,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_child(args: list[str], timeout_s: float) -> str | None:
-    """None on success, else the reason (the child's last stderr lines, or the timeout)."""
+def run_child(args: list[str], timeout_s: float, env: dict[str, str] | None = None) -> str | None:
+    """None on success, else the reason (the child's last stderr lines, or the timeout); `env`:
+    variables set for the child on top of this process's."""
     cmd = [sys.executable, "-m", "benchmarks.compat.child", *args]
+    child_env = None if env is None else {**os.environ, **env}
     try:
-        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env=child_env)
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout_s:.0f} s"
     if done.returncode == 0:
