@@ -19,9 +19,8 @@ from torch import Tensor, nn
 
 from relconv.ops import relational_conv
 from relconv.spconv._missing import missing
-from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, check_geometry, expand_nd
+from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, SparseModule, check_geometry, expand_nd
 from relconv.spconv.geometry import build_map, conv_output_size, deconv_output_size
-from relconv.spconv.modules import SparseModule
 from relconv.voxel import PreparedCalls, conv3d
 
 _MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"

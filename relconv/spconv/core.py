@@ -1,4 +1,5 @@
-"""`SparseConvTensor` (spconv's sparse tensor) and the records that layers share through it.
+"""`SparseConvTensor` (spconv's sparse tensor), the records that layers share through it, and
+`SparseModule`, the base of the modules that take the tensor itself.
 
 A tensor holds features `[N, C]` at int32 indices `[N, ndim + 1]` = (batch, d0, .., d{ndim-1}) inside a
 grid of `spatial_shape`. Its coordinates live in a `SiteSet`, shared by every tensor on the same sites
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from relconv.core import RelationalMap
 from relconv.spconv._missing import missing
@@ -327,3 +328,13 @@ def _describe(t: object) -> str:
 
 def __getattr__(name: str):
     raise missing("spconv.pytorch.core", name)
+
+
+class SparseModule(nn.Module):
+    """Base of the modules that take a SparseConvTensor (SparseSequential passes them the tensor,
+    every other module its features)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self._sparse_unique_name = ""

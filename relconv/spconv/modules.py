@@ -8,17 +8,8 @@ import torch
 from torch import nn
 
 from relconv.spconv._missing import missing
-from relconv.spconv.core import SparseConvTensor
-
-
-class SparseModule(nn.Module):
-    """Base of the modules that take a SparseConvTensor (SparseSequential passes them the tensor,
-    every other module its features)."""
-
-    def __init__(self, name: str | None = None) -> None:
-        super().__init__()
-        self.name = name
-        self._sparse_unique_name = ""
+from relconv.spconv.conv import SparseConvolution
+from relconv.spconv.core import SparseConvTensor, SparseModule
 
 
 class SparseBatchNorm(nn.BatchNorm1d):
@@ -63,8 +54,6 @@ def is_spconv_module(module: nn.Module) -> bool:
 
 
 def is_sparse_conv(module: nn.Module) -> bool:
-    from relconv.spconv.conv import SparseConvolution
-
     return isinstance(module, SparseConvolution)
 
 

@@ -13,9 +13,8 @@ from torch import Tensor
 
 from relconv.spconv._missing import missing
 from relconv.spconv.conv import as_3d, check_ndim, strided_sites
-from relconv.spconv.core import IndiceData, SparseConvTensor, check_geometry, expand_nd
+from relconv.spconv.core import IndiceData, SparseConvTensor, SparseModule, check_geometry, expand_nd
 from relconv.spconv.geometry import conv_output_size
-from relconv.spconv.modules import SparseModule
 from relconv.voxel import submanifold_map
 
 _MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from relconv.spconv._missing import missing
-from relconv.spconv.core import SparseConvTensor
+from relconv.spconv.core import SparseConvTensor, SparseModule
 from relconv.spconv.functional import sparse_add
-from relconv.spconv.modules import SparseModule
 
 
 def _check_aligned(inputs: list, what: str) -> None:
