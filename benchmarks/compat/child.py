@@ -5,7 +5,8 @@
 
 fp16 is mixed precision as the libraries' users run it: fp16 input features under
 `torch.autocast` with fp32 parameters (TorchSparse's convs follow their fp16 operands, spconv's and
-relconv's follow autocast). fp32 is exact fp32 (TF32 off everywhere).
+relconv's follow autocast). fp32 is exact fp32 (TF32 off everywhere). fp64 (the shim only: relconv
+runs float64) converts the model and features to float64, the accuracy reference of parity.py.
 
 `parity` runs, per dtype, a training-mode forward and the backward of a fixed projection of every
 output, and an eval-mode forward without autograd, from the same initial state each time, and saves
@@ -30,7 +31,7 @@ from benchmarks.compat import backbones as bb
 from benchmarks.compat import native, scenes
 from benchmarks.harness.timing import TimingConfig, measure
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "fp64": torch.float64}
 
 
 def _precision(family: str) -> None:
@@ -125,6 +126,8 @@ def parity(side: Side, dtypes: list[str], state_in: Path | None, out: Path) -> N
         result["state"] = {k: v.cpu() for k, v in initial.items()}
     for name in dtypes:
         dtype = DTYPES[name]
+        if dtype == torch.float64:  # the accuracy reference: every parameter and buffer in float64
+            side.model.double()
         side.model.load_state_dict({k: v.clone() for k, v in initial.items()})
         side.model.train()
         side.model.zero_grad(set_to_none=True)

@@ -10,6 +10,13 @@ native twin with it converted by `relconv.convert`) runs the same input. For fp3
 mode and inference: the output coordinates must be the same set and, sorted, the same rows; the
 features, the input-feature gradient and every parameter gradient of the backward of a fixed
 projection of the outputs must agree within `TOLERANCE` (max |a - b| / max |b| per tensor).
+
+fp32 training gradients of a deep network with BatchNorm and ReLU are only as accurate as fp32
+allows (BatchNorm's backward subtracts means over every voxel, ReLU switches on values rounding can
+move), which can be far coarser than `TOLERANCE`. So, for fp32, the shim also runs in float64 from
+the same state and input (`--no-accuracy` skips it), and every fp32 run is measured against that:
+a candidate is "as accurate" when each of its errors against float64 (in the 2-norm) is within
+`TOLERANCE` or `ACCURACY_FACTOR` times the reference library's.
 Writes parity.json and parity.md to OUT_DIR (after every backbone, so a cut-off run keeps its rows).
 """
 
@@ -95,10 +102,61 @@ def compare_run(ref: dict, cand: dict, dtype: str) -> dict:
     return out
 
 
+def norm_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """|a - b| / |b| in the 2-norm: unlike the max-based `rel_err`, not decided by the few entries
+    where rounding moved a value across a ReLU's kink."""
+    if a.shape != b.shape:
+        return float("inf")
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def accuracy(runs: dict[str, dict], truth: dict) -> dict:
+    """Per fp32 run (by library) and phase: its errors (`norm_err`, worst output / parameter)
+    against the float64 run `truth`, output rows aligned by coordinates."""
+    out = {}
+    for lib, run in runs.items():
+        out[lib] = {}
+        for phase in ("train", "infer"):
+            errs = []
+            for name, (tc, tf) in truth[phase]["outputs"].items():
+                rc, rf = run[phase]["outputs"][name]
+                tp, rp = sort_rows(tc), sort_rows(rc)
+                same = tc.shape == rc.shape and torch.equal(tc[tp], rc[rp])
+                errs.append(norm_err(rf[rp], tf[tp]) if same else float("inf"))
+            row = {"feats": max(errs, default=None)}
+            if phase == "train":
+                row["input_grad"] = norm_err(run[phase]["input_grad"], truth[phase]["input_grad"])
+                grads, want = run[phase]["param_grads"], truth[phase]["param_grads"]
+                row["param_grad"] = max(
+                    (norm_err(grads[k], want[k]) for k in want if k in grads), default=None
+                )
+            out[lib][phase] = row
+    return out
+
+
+# A candidate's error against float64 may exceed the reference library's by this factor and still
+# count as as accurate: two fp32 runs' errors against the same float64 result vary by about that.
+ACCURACY_FACTOR = 2.0
+
+
+def as_accurate(errors: dict, reference: str, candidate: str, tol: float) -> dict:
+    """Per phase: whether every error of `candidate` against float64 is within `tol` or within
+    `ACCURACY_FACTOR` times the reference library's."""
+    verdict = {}
+    for phase, ref_row in errors[reference].items():
+        cand_row = errors[candidate][phase]
+        verdict[phase] = all(
+            c is not None and (c <= tol or (r is not None and c <= ACCURACY_FACTOR * r))
+            for key, r in ref_row.items()
+            for c in [cand_row.get(key)]
+        )
+    return verdict
+
+
 def run_backbone(name: str, args, work: Path) -> dict:
-    common = ["--downstream", str(args.downstream), "--device", args.device, "--dtypes", args.dtypes]
-    common += ["--tiny"] if args.tiny else []
-    common += ["--scene-cache", str(work / "scenes")]
+    base = ["--downstream", str(args.downstream), "--device", args.device]
+    base += ["--scene-cache", str(work / "scenes"), *(["--tiny"] if args.tiny else [])]
+    common = [*base, "--dtypes", args.dtypes]
     ref_file = work / f"{name}-{args.reference}.pt"
     report: dict = {"backbone": name, "reference": args.reference, "candidates": {}}
     # spconv 2.3's CPU kernels race under several OpenMP threads (its outputs differed by up to 15%
@@ -114,6 +172,7 @@ def run_backbone(name: str, args, work: Path) -> dict:
     report["reference_rows"] = {k: int(c.shape[0]) for k, (c, _) in first.items()}
     state_file = work / f"{name}-state.pt"
     torch.save(ref["state"], state_file)
+    fp32_runs = {args.reference: ref["dtypes"].get("fp32")}
     for cand in args.candidates:
         if cand == "native" and not native.EXACT.get(name, False):
             why = "no native twin" if name not in native.TWINS else "twin's downsampling differs"
@@ -133,6 +192,19 @@ def run_backbone(name: str, args, work: Path) -> dict:
             "library": got["library"],
             "dtypes": {d: compare_run(ref["dtypes"][d], got["dtypes"][d], d) for d in ref["dtypes"]},
         }
+        fp32_runs[cand] = got["dtypes"].get("fp32")
+    if args.accuracy and "fp32" in ref["dtypes"] and bb.BACKBONES[name].family in ("spconv", "torchsparse"):
+        truth_file = work / f"{name}-fp64.pt"
+        child = ["parity", name, "shim", str(truth_file), "--state", str(state_file), *base]
+        err = run_child([*child, "--dtypes", "fp64"], args.timeout, env)
+        if err:
+            report["accuracy"] = {"error": err}
+        else:
+            runs = {lib: r for lib, r in fp32_runs.items() if r is not None}
+            errors = accuracy(runs, torch.load(truth_file)["dtypes"]["fp64"])
+            tol = TOLERANCE["fp32"]
+            verdicts = {c: as_accurate(errors, args.reference, c, tol) for c in runs if c != args.reference}
+            report["accuracy"] = {"errors": errors, "as_accurate": verdicts}
     return report
 
 
@@ -155,6 +227,42 @@ def _row_cells(backbone: str, cand: str, dtype: str, phase: str, row: dict) -> s
     return _cells(
         backbone, cand, dtype, phase, coords, _fmt(row["feats_rel_err"]), *(grads if train else ["", ""]), ok
     )
+
+
+def _accuracy_lines(reports: list[dict]) -> list[str]:
+    rows = [r for r in reports if "accuracy" in r]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "fp32 against float64 (relconv's shim in float64, same state and input; |a - b| / |b| in the "
+        f"2-norm, worst tensor; as accurate: within {TOLERANCE['fp32']:g} or {ACCURACY_FACTOR:g}x the "
+        "reference's error):",
+        "",
+        _cells("backbone", "library", "phase", "features", "input grad", "param grad", "as accurate"),
+        _cells(*["---"] * 7),
+    ]
+    for r in rows:
+        acc = r["accuracy"]
+        if "error" in acc:
+            why = "error: " + acc["error"].splitlines()[-1]
+            lines.append(_cells(r["backbone"], "-", "-", why, "", "", ""))
+            continue
+        for lib, phases in acc["errors"].items():
+            for phase, row in phases.items():
+                verdict = acc["as_accurate"].get(lib, {}).get(phase)
+                lines.append(
+                    _cells(
+                        r["backbone"],
+                        lib,
+                        phase,
+                        _fmt(row.get("feats")),
+                        _fmt(row.get("input_grad")) if phase == "train" else "",
+                        _fmt(row.get("param_grad")) if phase == "train" else "",
+                        "reference" if verdict is None else ("yes" if verdict else "NO"),
+                    )
+                )
+    return lines
 
 
 def markdown(reports: list[dict]) -> str:
@@ -194,6 +302,7 @@ def markdown(reports: list[dict]) -> str:
                 continue
             for dtype, phases in c["dtypes"].items():
                 lines += [_row_cells(r["backbone"], cand, dtype, phase, row) for phase, row in phases.items()]
+    lines += _accuracy_lines(reports)
     refs = "; ".join(f"{r['backbone']}: {r.get('reference_library', '?')}" for r in reports)
     rows = [f"- {r['backbone']}: {r['reference_rows']}" for r in reports if "reference_rows" in r]
     return "\n".join([*lines, "", "Reference libraries: " + refs, "", "Reference output rows:", *rows]) + "\n"
@@ -210,6 +319,12 @@ def parse(argv=None):
     p.add_argument("--dtypes", default="fp32,fp16")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per child process")
+    p.add_argument(
+        "--no-accuracy",
+        dest="accuracy",
+        action="store_false",
+        help="skip the float64 run that measures each fp32 run's own accuracy",
+    )
     p.add_argument(
         "--dry-run",
         action="store_true",

@@ -51,6 +51,35 @@ def test_compare_run_applies_the_dtype_tolerance():
     assert not parity.compare_run(run, cand, "fp32")["train"]["pass"]
 
 
+def _run(out, grad, params):
+    return {"train": {"outputs": out, "input_grad": grad, "param_grads": params}, "infer": {"outputs": out}}
+
+
+def test_accuracy_measures_each_fp32_run_against_float64():
+    truth = _outputs(seed=5)
+    c, f = truth["a"]
+    perm = torch.randperm(c.shape[0], generator=torch.Generator().manual_seed(6))
+    w = {"w": torch.ones(3)}
+
+    def off(scale):  # rows permuted, features and gradients off by `scale` relative
+        moved = {"a": (c[perm], f[perm] * (1 + scale))}
+        return _run(moved, f * (1 + scale), {"w": w["w"] * (1 + scale)})
+
+    runs = {"real": off(1e-3), "shim": off(1.5e-3), "worse": off(5e-3), "exact": off(0.0)}
+    errors = parity.accuracy(runs, _run(truth, f, w))
+    assert errors["real"]["train"]["feats"] == pytest.approx(1e-3, rel=1e-3)
+    assert errors["exact"]["infer"]["feats"] == 0.0
+    assert errors["real"]["train"]["param_grad"] == pytest.approx(1e-3, rel=1e-3)
+    tol = parity.TOLERANCE["fp32"]
+    assert parity.as_accurate(errors, "real", "shim", tol) == {"train": True, "infer": True}
+    assert parity.as_accurate(errors, "real", "worse", tol) == {"train": False, "infer": False}
+    assert parity.as_accurate(errors, "worse", "real", tol)["train"]
+    moved = {"a": (c + 1, f)}  # other sites: never as accurate
+    errors = parity.accuracy({"real": off(0.0), "shim": _run(moved, f, w)}, _run(truth, f, w))
+    assert errors["shim"]["infer"]["feats"] == float("inf")
+    assert not parity.as_accurate(errors, "real", "shim", tol)["infer"]
+
+
 @pytest.mark.parametrize("name", sorted(native.TWINS))
 def test_native_twin_loads_torchsparse_named_state(name):
     """A state_dict under TorchSparse's names and kernel layouts loads into the twin and reads back."""
