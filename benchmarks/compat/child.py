@@ -44,7 +44,7 @@ def _precision(family: str) -> None:
             backends.allow_tf32 = False
 
 
-def _spconv_without_cuda() -> None:
+def spconv_without_cuda() -> None:
     """spconv 2.3's CPU backward asks torch for the current CUDA stream, which a CPU-only torch
     cannot give; its CPU kernels ignore the stream, so the CPU runs hand it 0."""
     cppcore, ops = sys.modules["spconv.pytorch.cppcore"], sys.modules["spconv.pytorch.ops"]
@@ -60,7 +60,7 @@ class Side:
         self.backbone, self.library, self.voxels, self.device = backbone, library, voxels, device
         self.described = bb.use_library(backbone.family, library)
         if library == "real" and backbone.family == "spconv" and not torch.cuda.is_available():
-            _spconv_without_cuda()
+            spconv_without_cuda()
         _precision(backbone.family)
         torch.manual_seed(0)
         if library == "native":

@@ -22,6 +22,9 @@ below the centre, csrc/cuda/kernel_map_query.cuh) and of a 2^3 stride-2 map's co
   rows_query   coordinate rows read per query (a tag match, true or false)
   table_mib    slot table size (the coordinate rows add 16 bytes per voxel)
 
+and the submanifold table once more with twice the slots (`subm3_4x`), the candidate rule that would
+make its load, and so its probes, depend less on where a scene's size falls between powers of two.
+
     python -m benchmarks.workloads.hash_probes [--scenes PATTERN] [--out FILE] [--list]
 
 (FILE defaults to benchmarks/workloads/hash_probes.json; --list prints its table.)
@@ -59,9 +62,10 @@ def hash_coord(coords: np.ndarray) -> np.ndarray:
     return h
 
 
-def hash_capacity(n: int) -> int:
+def hash_capacity(n: int, slots_per_entry: int = 2) -> int:
+    """The CUDA rule (`slots_per_entry` 2): the smallest power of two >= 2n, at least 32."""
     cap = 32
-    while cap < 2 * n:
+    while cap < slots_per_entry * n:
         cap *= 2
     return cap
 
@@ -175,10 +179,11 @@ def _query(table: Table, find, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return length, rows, found
 
 
-def submanifold_probes(coords: np.ndarray) -> dict:
-    """The 13 queries per voxel of a submanifold 3^3 map against the table of the voxels."""
+def submanifold_probes(coords: np.ndarray, slots_per_entry: int = 2) -> dict:
+    """The 13 queries per voxel of a submanifold 3^3 map against the table of the voxels
+    (`slots_per_entry`: the capacity rule, 2 as on CUDA)."""
     n = len(coords)
-    capacity = hash_capacity(n)
+    capacity = hash_capacity(n, slots_per_entry)
     table = Table(hash_coord(coords), capacity)
     find = _packed_lookup(coords)
     offsets = [(dx, dy, dz) for dx in (-1, 0, 1) for dy in (-1, 0, 1) for dz in (-1, 0, 1)][:13]
@@ -218,11 +223,14 @@ def downsample_probes(coords: np.ndarray) -> dict:
 
 
 def measure(name: str, seed: int = 0) -> dict:
+    """The CUDA tables of a scene (`subm3`, `down2`) and, for comparison, the submanifold table at
+    twice the slots (`subm3_4x`: the smallest power of two >= 4n, load 1/8 to 1/4)."""
     coords = make_scene(name, seed).coords
     return {
         "family": family_of(name),
         "voxels": int(len(coords)),
         "subm3": submanifold_probes(coords),
+        "subm3_4x": submanifold_probes(coords, slots_per_entry=4),
         "down2": downsample_probes(coords),
     }
 
@@ -231,16 +239,18 @@ def table_text(results: dict) -> str:
     head = (
         f"{'family':<10} {'scene':<22} {'voxels':>11} {'load':>5} {'MiB':>6} {'hit':>5} "
         f"{'probe hit':>9} {'probe miss':>10} {'slots/q':>7} {'rows/q':>6} | "
-        f"{'down2 load':>10} {'slots/q':>7}"
+        f"{'4n slots/q':>10} | {'down2 load':>10} {'slots/q':>7}"
     )
     lines = [head, "-" * len(head)]
     for name, r in results.items():
         s, d = r["subm3"], r["down2"]
+        wide = r.get("subm3_4x", {}).get("slots_query")
+        wide = f"{wide:>10.2f}" if wide is not None else f"{'-':>10}"
         lines.append(
             f"{r['family']:<10} {name:<22} {r['voxels']:>11,} {s['load']:>5.2f} {s['table_mib']:>6.1f} "
             f"{s['hit_frac']:>5.2f} {s['probes_hit'][0]:>5.2f}/{s['probes_hit'][1]:<3d} "
             f"{s['probes_miss'][0]:>6.2f}/{s['probes_miss'][1]:<3d} {s['slots_query']:>7.2f} "
-            f"{s['rows_query']:>6.3f} | {d['load']:>10.2f} {d['slots_query']:>7.2f}"
+            f"{s['rows_query']:>6.3f} | {wide} | {d['load']:>10.2f} {d['slots_query']:>7.2f}"
         )
     return "\n".join(lines)
 

@@ -1,0 +1,82 @@
+"""Host instructions per cached layer call: relconv's native `Conv3d` against the same conv through
+`relconv.spconv` (`SubMConv3d`) and `relconv.torchsparse` (`nn.Conv3d`).
+
+    python -m benchmarks.compat.host_instructions [--reps 400]
+
+Each layer runs on 20 voxels with 16 channels on the CPU (so the kernel's own work is small and the
+count is the Python and dispatch path a GPU host also pays), without autograd, after 20 warm-up
+calls. `valgrind --tool=callgrind` counts the instructions of a process that makes `--reps` more calls
+than another; the difference over `--reps` is the cost of one call. Instruction counts do not depend
+on the machine's load, unlike times on a shared host. Needs valgrind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+LAYERS = ("native", "spconv", "torchsparse")
+
+
+def run_layer(which: str, reps: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    n, c = 20, 16
+    xyz = torch.randint(0, 12, (n, 3), generator=g)
+    coords = torch.unique(torch.cat([torch.zeros(n, 1, dtype=torch.long), xyz], 1), dim=0).int()
+    feats = torch.randn(coords.shape[0], c, generator=g)
+    if which == "native":
+        from relconv.voxel import Conv3d, VoxelTensor
+
+        layer, x = Conv3d(c, c, 3), VoxelTensor(feats, coords)
+    elif which == "spconv":
+        import relconv.spconv as spconv
+
+        layer, x = spconv.SubMConv3d(c, c, 3, bias=False), spconv.SparseConvTensor(feats, coords, [12] * 3, 1)
+    else:
+        import relconv.torchsparse as torchsparse
+        import relconv.torchsparse.nn as spnn
+
+        layer, x = spnn.Conv3d(c, c, 3), torchsparse.SparseTensor(feats, coords)
+    with torch.no_grad():
+        for _ in range(20 + reps):
+            layer(x)
+
+
+def count(which: str, reps: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out"]
+        cmd += [sys.executable, "-m", "benchmarks.compat.host_instructions", "--child", which, str(reps)]
+        env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"callgrind printed no count for {which}: {done.stderr[-500:]}")
+    return int(found.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.compat.host_instructions", description=__doc__)
+    p.add_argument("--reps", type=int, default=400)
+    p.add_argument("--child", nargs=2, metavar=("LAYER", "REPS"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        run_layer(args.child[0], int(args.child[1]))
+        return 0
+    per_call = {}
+    for which in LAYERS:
+        per_call[which] = (count(which, args.reps) - count(which, 0)) / args.reps
+    for which in LAYERS:
+        ratio = per_call[which] / per_call["native"]
+        print(f"{which:<12} {per_call[which] / 1e3:8.1f}k instructions per call  ({ratio:.2f}x native)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
