@@ -71,8 +71,21 @@ class SiteSet:
 
     def voxel(self, features: Tensor) -> VoxelTensor:
         """`features` on these sites as a relconv VoxelTensor sharing the sites' map cache (the set
-        keeps the cache only, not a tensor's features)."""
-        voxel = VoxelTensor(features, self.coords, cache=self._cache)
+        keeps the cache only, not a tensor's features). The first call checks the coordinates and
+        keeps the checked ones; later calls check only the features, whose checks VoxelTensor's
+        constructor repeats (with its messages) when one fails."""
+        cache = self._cache
+        coords = None if cache is None else cache.coords.get((1, 1, 1))
+        if coords is not None:
+            if (
+                isinstance(features, Tensor)
+                and features.dim() == 2
+                and features.shape[0] == coords.shape[0]
+                and features.device == coords.device
+                and features.dtype.is_floating_point
+            ):
+                return VoxelTensor._trusted(features, coords, (1, 1, 1), cache)
+        voxel = VoxelTensor(features, self.coords, cache=cache)
         self._cache = voxel.cache
         return voxel
 

@@ -28,6 +28,15 @@ def test_from_dense_round_trips():
     torch.testing.assert_close(back.dense(), x.dense())
 
 
+def test_features_are_checked_on_sites_whose_maps_exist():
+    x = random_tensor([5, 4, 3], 2, 20, 3)
+    conv = spconv.SubMConv3d(3, 4, 3)
+    conv(x)  # the sites' relconv cache exists from here on
+    with pytest.raises(TypeError, match="floating-point"):
+        conv(x.replace_feature(x.features.round().int()))
+    torch.testing.assert_close(conv(x.replace_feature(x.features * 2)).features, 2 * conv(x).features - conv.bias)
+
+
 def test_replace_feature_keeps_sites_and_maps():
     x = random_tensor([5, 4, 3], 2, 20, 3)
     x.indice_dict["k"] = None
