@@ -34,7 +34,8 @@ def test_features_are_checked_on_sites_whose_maps_exist():
     conv(x)  # the sites' relconv cache exists from here on
     with pytest.raises(TypeError, match="floating-point"):
         conv(x.replace_feature(x.features.round().int()))
-    torch.testing.assert_close(conv(x.replace_feature(x.features * 2)).features, 2 * conv(x).features - conv.bias)
+    doubled = conv(x.replace_feature(x.features * 2)).features
+    torch.testing.assert_close(doubled, 2 * conv(x).features - conv.bias)
 
 
 def test_replace_feature_keeps_sites_and_maps():
