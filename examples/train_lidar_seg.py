@@ -141,10 +141,10 @@ def build(backend: str, width: float, seed: int, device: torch.device):
     reference = MinkUNet(in_channels=4, num_classes=len(CLASSES), width=width).to(device)
     if backend == "relconv":
         return reference, (lambda f, c, bs: VoxelTensor(f, c)), reference
-    if device.type != "cuda":
-        raise RuntimeError(f"{backend} runs on CUDA only here; use --device cuda or --backend relconv")
     sys.path.insert(0, str(REPO))  # the peers' MinkUNet definitions live with the benchmarks
     if backend == "torchsparse":
+        if device.type != "cuda":
+            raise RuntimeError("TorchSparse 2.1's convs run on CUDA only; use --device cuda")
         from benchmarks.peers import torchsparse as ts
 
         ok, why = ts.available()
@@ -162,6 +162,8 @@ def build(backend: str, width: float, seed: int, device: torch.device):
     ok, why = sp.available()
     if not ok:
         raise RuntimeError(f"spconv is {why}")
+    if device.type == "cpu" and not torch.cuda.is_available():
+        sp.on_cpu_without_cuda()
     backend_impl = sp.SpconvBackend()
     model = PeerMinkUNet(backend_impl, 4, len(CLASSES), width).to(device)
     copy_weights(reference, model)

@@ -30,6 +30,7 @@ import torch
 from benchmarks.compat import backbones as bb
 from benchmarks.compat import native, scenes
 from benchmarks.harness.timing import TimingConfig, measure
+from benchmarks.peers.spconv_peer import on_cpu_without_cuda
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "fp64": torch.float64}
 
@@ -44,13 +45,6 @@ def _precision(family: str) -> None:
             backends.allow_tf32 = False
 
 
-def spconv_without_cuda() -> None:
-    """spconv 2.3's CPU backward asks torch for the current CUDA stream, which a CPU-only torch
-    cannot give; its CPU kernels ignore the stream, so the CPU runs hand it 0."""
-    cppcore, ops = sys.modules["spconv.pytorch.cppcore"], sys.modules["spconv.pytorch.ops"]
-    cppcore.get_current_stream = ops.get_current_stream = lambda: 0
-
-
 class Side:
     """A built backbone in one library, with the functions that feed it and read it."""
 
@@ -60,7 +54,7 @@ class Side:
         self.backbone, self.library, self.voxels, self.device = backbone, library, voxels, device
         self.described = bb.use_library(backbone.family, library)
         if library == "real" and backbone.family == "spconv" and not torch.cuda.is_available():
-            spconv_without_cuda()
+            on_cpu_without_cuda()
         _precision(backbone.family)
         torch.manual_seed(0)
         if library == "native":

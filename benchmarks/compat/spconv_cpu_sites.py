@@ -47,11 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     if args.device == "cpu" and not torch.cuda.is_available():
-        import spconv.pytorch  # noqa: F401  (loads the modules the stand-in patches)
+        from benchmarks.peers.spconv_peer import on_cpu_without_cuda
 
-        from benchmarks.compat.child import spconv_without_cuda
-
-        spconv_without_cuda()
+        on_cpu_without_cuda()
     for shape, batch in GRIDS:
         print(check(shape, batch, args.device))
     return 0

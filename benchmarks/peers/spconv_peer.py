@@ -43,6 +43,23 @@ def check_dtype(dtype: torch.dtype) -> str | None:
     return NO_BF16 if dtype == torch.bfloat16 else None
 
 
+def on_cpu_without_cuda() -> None:
+    """Lets the real spconv 2.3 train on the CPU of a CPU-only torch: its CPU backward asks torch for
+    the current CUDA stream, which such a torch cannot give; its CPU kernels ignore the stream, so
+    they get 0. Its CPU kernels also race under several OpenMP threads (outputs differed by up to 15%
+    between runs on two threads, and were bitwise repeatable on one): run them with
+    OMP_NUM_THREADS=1, which this checks, as spconv reads it when it loads."""
+    import os
+    import sys
+
+    if os.environ.get("OMP_NUM_THREADS") != "1":
+        raise RuntimeError("spconv's CPU kernels race under several OpenMP threads: set OMP_NUM_THREADS=1")
+    import spconv.pytorch  # noqa: F401  (loads the modules patched below)
+
+    cppcore, ops = sys.modules["spconv.pytorch.cppcore"], sys.modules["spconv.pytorch.ops"]
+    cppcore.get_current_stream = ops.get_current_stream = lambda: 0
+
+
 def available() -> tuple[bool, str]:
     try:
         import spconv
