@@ -80,6 +80,18 @@ def test_accuracy_measures_each_fp32_run_against_float64():
     assert not parity.as_accurate(errors, "real", "shim", tol)["infer"]
 
 
+def test_a_parameter_gradient_that_is_zero_in_exact_arithmetic_is_measured_against_the_largest():
+    out = _outputs(seed=7)
+    c, f = out["a"]
+    big, bias = torch.ones(3), torch.full((3,), 1e-12)  # a bias that a training BatchNorm follows
+    ref = _run(out, f, {"w": big, "b": bias})
+    cand = _run(out, f, {"w": big, "b": -bias})  # rounding noise of the other sign
+    assert parity.compare_run(ref, cand, "fp32")["train"]["pass"]
+    assert parity.accuracy({"x": cand}, ref)["x"]["train"]["param_grad"] < 1e-5
+    off = _run(out, f, {"w": big * (1 + 1e-3), "b": bias})
+    assert not parity.compare_run(ref, off, "fp32")["train"]["pass"]
+
+
 @pytest.mark.parametrize("name", sorted(native.TWINS))
 def test_native_twin_loads_torchsparse_named_state(name):
     """A state_dict under TorchSparse's names and kernel layouts loads into the twin and reads back."""
