@@ -691,6 +691,32 @@ def measure(name: str, seed: int = 0) -> dict:
     )
 
 
+def remeasure(
+    entries: dict,
+    patterns: str,
+    measure_one: Callable[[str], dict],
+    path: Path,
+    describe: Callable[[str, dict], str],
+) -> dict:
+    """`entries` with every scene matching `patterns` (fnmatch, comma-separated) measured anew by
+    `measure_one`, in scene order, rewritten to `path` after each scene (so a cut-off run keeps what
+    it finished); a scene that cannot be made (real data offline) keeps its old entry, and says why."""
+    wanted = [s.strip() for s in patterns.split(",") if s.strip()]
+    order = {n: i for i, n in enumerate(scene_names())}
+    for name in scene_names():
+        if not any(fnmatch.fnmatchcase(name, pat) for pat in wanted):
+            continue
+        try:
+            entries[name] = measure_one(name)
+        except Exception as err:
+            print(f"{name}: skipped ({type(err).__name__}: {err})", file=sys.stderr)
+            continue
+        print(f"{name}: {describe(name, entries[name])}", file=sys.stderr)
+        entries = dict(sorted(entries.items(), key=lambda kv: order.get(kv[0], len(order))))
+        path.write_text(json.dumps(entries, indent=1) + "\n")
+    return entries
+
+
 def table(stats: dict) -> str:
     head = (
         f"{'family':<10} {'scene':<20} {'voxels':>11} {'batch':>5} {'voxel':>6} {'extent (m)':>22} "
@@ -735,22 +761,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("nothing to do: pass --list and/or --update")
     stats = _load_stats()
     if args.update is not None:
-        patterns = [s.strip() for s in args.update.split(",") if s.strip()]
-        for name in scene_names():
-            if not any(fnmatch.fnmatchcase(name, pat) for pat in patterns):
-                continue
-            try:
-                stats[name] = measure(name)
-            except Exception as err:  # real data offline: keep the old entry, say why
-                print(f"{name}: skipped ({type(err).__name__}: {err})", file=sys.stderr)
-                continue
-            print(
-                f"{name}: {stats[name]['voxels']:,} voxels, {stats[name]['generate_cpu_s']} s CPU",
-                file=sys.stderr,
-            )
-            order = {n: i for i, n in enumerate(scene_names())}
-            stats = dict(sorted(stats.items(), key=lambda kv: order.get(kv[0], len(order))))
-            STATS_PATH.write_text(json.dumps(stats, indent=1) + "\n")
+        stats = remeasure(
+            stats,
+            args.update,
+            measure,
+            STATS_PATH,
+            lambda name, s: f"{s['voxels']:,} voxels, {s['generate_cpu_s']} s CPU",
+        )
     if args.list:
         print(table(stats))
     return 0

@@ -33,14 +33,13 @@ make its load, and so its probes, depend less on where a scene's size falls betw
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.workloads.families import family_of, make_scene, scene_names
+from benchmarks.workloads.families import family_of, make_scene, remeasure
 
 OUT_PATH = Path(__file__).with_name("hash_probes.json")
 M32 = np.uint64(0xFFFFFFFF)
@@ -263,19 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     if not args.list:
-        patterns = [s.strip() for s in args.scenes.split(",") if s.strip()]
-        for name in scene_names():
-            if not any(fnmatch.fnmatchcase(name, pat) for pat in patterns):
-                continue
-            try:
-                results[name] = measure(name)
-            except Exception as err:  # real data offline: keep the old entry, say why
-                print(f"{name}: skipped ({type(err).__name__}: {err})", file=sys.stderr)
-                continue
-            order = {n: i for i, n in enumerate(scene_names())}
-            results = dict(sorted(results.items(), key=lambda kv: order.get(kv[0], len(order))))
-            args.out.write_text(json.dumps(results, indent=1) + "\n")
-            print(f"{name}: done", file=sys.stderr)
+        results = remeasure(results, args.scenes, measure, args.out, lambda name, r: "done")
     print(table_text(results))
     return 0
 
