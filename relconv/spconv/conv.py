@@ -232,13 +232,8 @@ class SparseConvolution(SparseModule):
         else:
             sites = x._sites
         voxel = sites.voxel(x.features)
-        kernel = self._kernel(weight)
-        out = self._calls.run(voxel, kernel, bias)
-        if out is None:
-            out = conv3d(
-                voxel, kernel, self._kernel_3d, 1, self._dilation_3d, bias=bias, prepared=self._calls
-            )
-        out = out.feats
+        kernel, calls = self._kernel(weight), self._calls
+        out = conv3d(voxel, kernel, self._kernel_3d, 1, self._dilation_3d, bias=bias, prepared=calls).feats
         indice_dict = x.indice_dict
         if key is not None and datas is None:
             indice_dict = dict(indice_dict)

@@ -61,13 +61,17 @@ def conv3d(
         activation: None or "relu", applied after the bias.
         prepared: a layer's `PreparedCalls`, for a module that calls conv3d with the same geometry
             every time (a front end with weights of its own layout): conv3d keeps the prepared op
-            call there at the layer's second call over a coordinate set, and `prepared.run(x,
-            weight, bias)` runs it afterwards, skipping the map lookup, the plan and these checks.
+            call there at the layer's second call over a coordinate set and runs it at later ones,
+            skipping the map lookup, the plan and the checks below.
     Returns:
         VoxelTensor with features [M, C_out] at the output coordinates.
     """
     if not isinstance(x, VoxelTensor):
         raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
+    if prepared is not None:
+        out = prepared.run(x, weight, bias)
+        if out is not None:
+            return out
     k, s, d = triple(kernel_size, "kernel_size"), triple(stride, "stride"), triple(dilation, "dilation")
     if max(k) > 7:
         raise ValueError(f"kernel_size must lie in 1..7 per axis, got {k}")
@@ -153,9 +157,9 @@ class LayerPlan(NamedTuple):
 class PreparedCalls(dict):
     """One layer's `LayerPlan`s, by `id` of the coordinate set's `MapCache`. `Conv3d` keeps one, and
     so does every compatibility layer (`relconv.spconv`, `relconv.torchsparse`) that runs a relconv
-    conv with weights of its own layout: `run` is the fast path, `run_layer(..., prepared=)` the
-    full one that stores the plans. Copies and pickles start empty: a plan is bound to tensors of
-    this process."""
+    conv with weights of its own layout (through `conv3d(..., prepared=)`): `run` is the fast
+    path, `run_layer(..., prepared=)` the full one that stores the plans. Copies and pickles start
+    empty: a plan is bound to tensors of this process."""
 
     def run(self, x: VoxelTensor, weight: Tensor, bias: Tensor | None) -> VoxelTensor | None:
         """The stored call over x's coordinates, or None where there is none or it steps aside."""

@@ -183,15 +183,11 @@ def run_conv(
     if runs is not None:
         geometry, calls = runs.layer(k, lows)
         weight = runs.weight(weight, lows, geometry)
-        out = calls.run(vt, weight, bias)
     else:
-        geometry, calls, out = relconv_geometry(k, lows), None, None
+        geometry, calls = relconv_geometry(k, lows), None
         index = None if geometry.index is None else torch.tensor(geometry.index, device=weight.device)
         weight = to_relconv(weight, geometry, index)
-    if out is None:
-        out = voxel_conv3d(
-            vt, weight, geometry.size, stride=s, bias=bias, transposed=transposed, prepared=calls
-        )
+    out = voxel_conv3d(vt, weight, geometry.size, stride=s, bias=bias, transposed=transposed, prepared=calls)
     return _wrap(out, out_ts, out_range, caches, hint)
 
 
