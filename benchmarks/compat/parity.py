@@ -66,8 +66,10 @@ def grad_floor(grads: dict[str, torch.Tensor], norm: bool = False) -> float:
     return GRAD_FLOOR * max(sizes, default=0.0) or 1e-30
 
 
-def compare_outputs(ref: dict, cand: dict) -> dict:
-    """Per output: coordinate agreement and the features' error after aligning rows by coordinates."""
+def compare_outputs(ref: dict, cand: dict, err=None) -> dict:
+    """Per output: coordinate agreement and the features' error (`err`, default `rel_err`) after
+    aligning rows by coordinates."""
+    err = err or rel_err
     result = {}
     for name, (rc, rf) in ref.items():
         if name not in cand:
@@ -86,7 +88,7 @@ def compare_outputs(ref: dict, cand: dict) -> dict:
             same_set = distinct
         entry = {"rows": [int(rc.shape[0]), int(cc.shape[0])], "coords_same_set": same_set}
         entry["coords_same_order"] = bool(rc.shape == cc.shape and torch.equal(rc, cc))
-        entry["feats_rel_err"] = rel_err(cf[cp], rf[rp]) if same_set else None
+        entry["feats_rel_err"] = err(cf[cp], rf[rp]) if same_set else None
         result[name] = entry
     return result
 
@@ -132,12 +134,10 @@ def accuracy(runs: dict[str, dict], truth: dict) -> dict:
     for lib, run in runs.items():
         out[lib] = {}
         for phase in ("train", "infer"):
-            errs = []
-            for name, (tc, tf) in truth[phase]["outputs"].items():
-                rc, rf = run[phase]["outputs"][name]
-                tp, rp = sort_rows(tc), sort_rows(rc)
-                same = tc.shape == rc.shape and torch.equal(tc[tp], rc[rp])
-                errs.append(norm_err(rf[rp], tf[tp]) if same else float("inf"))
+            outs = compare_outputs(truth[phase]["outputs"], run[phase]["outputs"], norm_err)
+            # sites that differ (or an output missing) make the run inaccurate whatever its features
+            errs = [e.get("feats_rel_err") for e in outs.values()]
+            errs = [float("inf") if e is None else e for e in errs]
             row = {"feats": max(errs, default=None)}
             if phase == "train":
                 row["input_grad"] = norm_err(run[phase]["input_grad"], truth[phase]["input_grad"])
