@@ -63,7 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="default: 0.05 (sgd), 0.01 (adam)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true")
-    p.add_argument("--no-sync-bn", action="store_true", help="keep per-rank BatchNorm statistics")
+    p.add_argument(
+        "--sync-bn",
+        choices=("relconv", "torch", "off"),
+        default="relconv",
+        help="BatchNorm statistics over all ranks through relconv's or torch's converter, or per rank (off)",
+    )
     p.add_argument("--checkpoint", type=Path, default=None)
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: only at the end")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
@@ -385,8 +390,10 @@ def train(argv: list[str] | None = None) -> dict:
     task = (VoxelTask if args.model == "minkunet" else GraphTask)(args, rank, world, device)
     torch.manual_seed(args.seed + rank)
     model = task.model.to(device)
-    if world > 1 and not args.no_sync_bn:
+    if world > 1 and args.sync_bn == "relconv":
         model = convert_sync_batchnorm(model)
+    elif world > 1 and args.sync_bn == "torch":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     else:

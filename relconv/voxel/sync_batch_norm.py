@@ -75,8 +75,11 @@ class _SyncBatchNorm(torch.autograd.Function):
         dist.all_gather(gathered, local, group=group)
         stats = torch.stack(gathered)
         means, m2s, counts = stats[:, :c], stats[:, c : 2 * c], stats[:, 2 * c :]
-        total = float(counts.sum())
-        if total < 2:
+        # The global count stays on the device: a host read per layer would drain the launch queue
+        # of every rank at every BatchNorm. Only a rank with fewer than two rows of its own reads it,
+        # since only then can the whole group hold fewer than two.
+        total = counts.sum()
+        if n < 2 and float(total) < 2:
             raise ValueError(f"Expected more than 1 value per channel when training, got {int(total)}")
         g_mean = (counts * means).sum(0) / total
         g_m2 = (m2s + counts * (means - g_mean) ** 2).sum(0)
