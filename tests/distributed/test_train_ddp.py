@@ -129,7 +129,7 @@ GPU_GRAPH = ["--model", "rgcn", "--device", "cuda", "--graph", "AIFB", "--determ
 def _torchrun(args: list[str], nproc: int, out: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=_pythonpath())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    subprocess.run(cmd + [str(EXAMPLE)] + args + ["--metrics", str(out)], check=True, env=env, timeout=600)
+    subprocess.run(cmd + [str(EXAMPLE)] + args + ["--metrics", str(out)], check=True, env=env, timeout=300)
     return json.loads(out.read_text())
 
 
