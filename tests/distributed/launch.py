@@ -32,11 +32,15 @@ def run_ranks(fn, world_size: int, *args, backend: str = "gloo", deadline_s: flo
                 for p in context.processes:
                     if p.is_alive():
                         p.kill()
-                raise TimeoutError(f"ranks {stuck} of {world_size} ({backend}) still ran after {deadline_s:.0f} s")
+                raise TimeoutError(
+                    f"ranks {stuck} of {world_size} ({backend}) still ran after {deadline_s:.0f} s"
+                )
         return [torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False) for r in range(world_size)]
 
 
-def _rank_entry(rank: int, fn, world_size: int, tmp: str, args: tuple, backend: str, deadline_s: float) -> None:
+def _rank_entry(
+    rank: int, fn, world_size: int, tmp: str, args: tuple, backend: str, deadline_s: float
+) -> None:
     faulthandler.dump_traceback_later(deadline_s, exit=False)
     torch.set_num_threads(1)  # the ranks share the test machine's cores
     init = {}
