@@ -32,6 +32,7 @@ benchmark sets (benchmarks/workloads/graphs.py: tiny, AIFB, MUTAG, BGS, AM), ful
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -73,6 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: only at the end")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--metrics", type=Path, default=None, help="JSON with the per-step losses (rank 0)")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="folder for a torch.profiler summary of the last --profile-steps steps, one file per rank",
+    )
+    p.add_argument("--profile-steps", type=int, default=5)
     g = p.add_argument_group("minkunet")
     g.add_argument("--scans", type=int, default=64, help="synthetic scans in the training set")
     g.add_argument("--beams", type=int, default=32)
@@ -88,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1:
         p.error("--steps and --batch-size must be positive")
+    if args.profile is not None and not 0 < args.profile_steps <= args.steps:
+        p.error("--profile-steps must lie in [1, --steps]")
     if args.resume and args.checkpoint is None:
         p.error("--resume needs --checkpoint")
     if args.lr is None:
@@ -170,6 +180,28 @@ def rule_choices() -> list:
         for unique, scale in ((True, False), (False, True))
         for width in (1, 8, 16, 24, 32, 48, 64, 96, 128, 256)
     ]
+
+
+def start_profiler(device: torch.device):
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities)
+    profiler.start()
+    return profiler
+
+
+def write_profile(profiler, folder: Path, rank: int, steps: int, device: torch.device) -> None:
+    """The profiled steps' operators by self device time and by self host time (host syncs show
+    as cudaStreamSynchronize / cudaMemcpyAsync rows, collectives as nccl kernels)."""
+    profiler.stop()
+    folder.mkdir(parents=True, exist_ok=True)
+    events = profiler.key_averages()
+    keys = (["self_device_time_total"] if device.type == "cuda" else []) + ["self_cpu_time_total"]
+    with open(folder / f"rank{rank}.txt", "w") as f:
+        f.write(f"rank {rank}: the last {steps} steps\n")
+        for key in keys:
+            f.write(f"\nby {key}\n" + events.table(sort_by=key, row_limit=30) + "\n")
 
 
 def summed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -393,6 +425,10 @@ def train(argv: list[str] | None = None) -> dict:
     if world > 1 and args.sync_bn == "relconv":
         model = convert_sync_batchnorm(model)
     elif world > 1 and args.sync_bn == "torch":
+        if device.type != "cuda":
+            raise ValueError(
+                "--sync-bn torch needs CUDA: DDP takes torch's SyncBatchNorm in GPU modules only"
+            )
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -416,9 +452,13 @@ def train(argv: list[str] | None = None) -> dict:
     wrapped.train()
     losses, times = [], []
     start = step
+    # The profiler is started last: once attached, it slows every later CUDA call of the process.
+    profiler = None
     while step < args.steps:
         epoch, skip = divmod(step, task.steps_per_epoch)
         for batch in task.batches(epoch, skip):
+            if args.profile is not None and profiler is None and step >= args.steps - args.profile_steps:
+                profiler = start_profiler(device)
             t0 = time.perf_counter()
             summed, local_sum, local_count = task.loss(wrapped, batch)
             count = global_sum(local_count, world, device)
@@ -438,6 +478,8 @@ def train(argv: list[str] | None = None) -> dict:
                 break
     if args.checkpoint is not None:
         save_checkpoint(args.checkpoint, model, optimizer, step, world, device)
+    if profiler is not None:
+        write_profile(profiler, args.profile, rank, args.profile_steps, device)
 
     digests = all_ranks(parameter_digest(model), world)
     log = {
@@ -447,6 +489,7 @@ def train(argv: list[str] | None = None) -> dict:
         "first_step": start,
         "losses": losses,
         "step_seconds": times,
+        "profiled_steps": args.profile_steps if args.profile is not None else 0,
         "parameter_digests": digests,
         "rule_choices": choices,
     }
@@ -458,6 +501,9 @@ def train(argv: list[str] | None = None) -> dict:
 
 def main() -> None:
     train()
+    # DDP's reducer sits in reference cycles; freed only at exit, after the process group, its
+    # pending gloo work can abort the process ("terminate called without an active exception").
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
 

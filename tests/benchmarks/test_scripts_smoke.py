@@ -45,3 +45,31 @@ def test_bench_layers_rows_agree(tmp_path):
     assert {(r["model"], r["map"]) for r in models} == {("MinkUNet", "fresh"), ("MinkUNet", "cached")}
     for r in layers + models:
         assert {"latency_ms", "p20_ms", "p80_ms", "throughput_ms"} <= set(r) and r["runs"] == 3, r
+
+
+def test_ddp_scaling_runs_every_job_and_the_same_function(tmp_path):
+    from benchmarks import ddp_scaling
+
+    argv = [
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--steps",
+        "4",
+        "--profile-steps",
+        "1",
+        "--batch-per-gpu",
+        "1",
+    ]
+    summary = ddp_scaling.main(argv)
+    jobs = summary["jobs"]
+    assert set(jobs) == {"1gpu", "1gpu_omp1", "1gpu_batch2", "2gpu_relconv", "2gpu_off"}
+    assert json.loads((tmp_path / "ddp_scaling.json").read_text())["jobs"].keys() == jobs.keys()
+    for name in ("2gpu_relconv", "2gpu_off"):
+        assert jobs[name]["processes"] == 2 and jobs[name]["weak_efficiency"] > 0
+    # Two ranks with synchronized BatchNorm train the same function as one process on the same
+    # global batch: the first loss (before any update) agrees to rounding.
+    assert abs(jobs["2gpu_relconv"]["first_losses"][0] - jobs["1gpu_batch2"]["first_losses"][0]) < 1e-5
+    for name in ("1gpu", "2gpu_relconv"):
+        assert (tmp_path / f"profile_{name}" / "rank0.txt").read_text().startswith("rank 0: the last 1 steps")
