@@ -8,8 +8,9 @@ collectives every backend has (`all_gather`, `all_reduce`), for a `torch.nn.Sync
 large means and for ranks with different row counts, empty ranks included); the backward all-reduces
 (sum dy, sum dy * x_hat) so that every rank's input gradient is that of the global batch. The
 weight and bias gradients stay local, as in torch: DistributedDataParallel averages them with the
-other parameters. `relconv.voxel.SyncBatchNorm` normalises through it on every device, and
-`relconv.voxel.BatchNorm` routes here when its module is a torch SyncBatchNorm on a non-CUDA device.
+other parameters. `relconv.voxel.SyncBatchNorm` normalises through it on every device but CUDA (where
+torch's SyncBatchNorm kernels serve), and `relconv.voxel.BatchNorm` routes here when its module is a
+torch SyncBatchNorm on a non-CUDA device.
 """
 
 from __future__ import annotations
