@@ -1,5 +1,6 @@
 """Host instructions per cached layer call: relconv's native `Conv3d` against the same conv through
-`relconv.spconv` (`SubMConv3d`) and `relconv.torchsparse` (`nn.Conv3d`).
+`relconv.spconv` (`SubMConv3d`) and `relconv.torchsparse` (`nn.Conv3d`), and a stride-2 conv through
+relconv's native layer and spconv's (`SparseConv3d`, padding 1).
 
     python -m benchmarks.compat.host_instructions [--reps 400]
 
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-LAYERS = ("native", "spconv", "torchsparse")
+LAYERS = ("native", "spconv", "torchsparse", "native-strided", "spconv-strided")
 
 
 def run_layer(which: str, reps: int) -> None:
@@ -31,14 +32,17 @@ def run_layer(which: str, reps: int) -> None:
     xyz = torch.randint(0, 12, (n, 3), generator=g)
     coords = torch.unique(torch.cat([torch.zeros(n, 1, dtype=torch.long), xyz], 1), dim=0).int()
     feats = torch.randn(coords.shape[0], c, generator=g)
-    if which == "native":
+    stride = 2 if which.endswith("-strided") else 1
+    if which.startswith("native"):
         from relconv.voxel import Conv3d, VoxelTensor
 
-        layer, x = Conv3d(c, c, 3), VoxelTensor(feats, coords)
-    elif which == "spconv":
+        layer, x = Conv3d(c, c, 3, stride=stride), VoxelTensor(feats, coords)
+    elif which.startswith("spconv"):
         import relconv.spconv as spconv
 
-        layer, x = spconv.SubMConv3d(c, c, 3, bias=False), spconv.SparseConvTensor(feats, coords, [12] * 3, 1)
+        conv = spconv.SubMConv3d(c, c, 3, bias=False) if stride == 1 else None
+        conv = conv or spconv.SparseConv3d(c, c, 3, stride=stride, padding=1, bias=False)
+        layer, x = conv, spconv.SparseConvTensor(feats, coords, [12] * 3, 1)
     else:
         import relconv.torchsparse as torchsparse
         import relconv.torchsparse.nn as spnn
@@ -73,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     for which in LAYERS:
         per_call[which] = (count(which, args.reps) - count(which, 0)) / args.reps
     for which in LAYERS:
-        ratio = per_call[which] / per_call["native"]
-        print(f"{which:<12} {per_call[which] / 1e3:8.1f}k instructions per call  ({ratio:.2f}x native)")
+        native = "native-strided" if which.endswith("-strided") else "native"
+        ratio = per_call[which] / per_call[native]
+        print(f"{which:<15} {per_call[which] / 1e3:8.1f}k instructions per call  ({ratio:.2f}x {native})")
     return 0
 
 

@@ -74,6 +74,7 @@ class RelationalMap:
         "index_dtype",
         "device",
         "_cache",
+        "__weakref__",  # layers keep prepared calls per map, weakly (relconv.ops.MapCalls)
     )
 
     def __init__(

@@ -7,7 +7,8 @@ cached between calls that need no gradient). Kernel index `r` per axis reads the
 `o*s - p + r*d`; flattened with the first axis slowest, it is both spconv's weight order and, for odd
 sizes, relconv's offset order (offset = r - (k-1)/2), so submanifold layers run relconv's native
 `conv3d` (cached maps). Regular, inverse and transposed layers run `relational_conv` over the maps of
-`relconv.spconv.geometry`. 2-D layers run as 3-D with a third axis of size 1.
+`relconv.spconv.geometry`, through a per-layer `relconv.ops.MapCalls` (prepared calls by map).
+2-D layers run as 3-D with a third axis of size 1.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from relconv.ops import relational_conv
+from relconv.ops import MapCalls
 from relconv.spconv._missing import missing
 from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, SparseModule, check_geometry, expand_nd
 from relconv.spconv.geometry import build_map, conv_output_size, deconv_output_size
@@ -137,8 +138,9 @@ class SparseConvolution(SparseModule):
         self._dilation_3d = tuple(as_3d(self.dilation, 1))
         # The relconv view of the weight, kept between calls that record no gradient: (key, view).
         self._kernel_cache: tuple | None = None
-        # A submanifold layer's prepared relconv calls, one per site set it runs over.
+        # The layer's prepared relconv calls: a submanifold layer's per site set, the others' per map.
         self._calls = PreparedCalls()
+        self._map_calls = MapCalls()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -282,7 +284,7 @@ class SparseConvolution(SparseModule):
             self.transposed,
         )
         self._record_count(rmap.num_out)
-        out = relational_conv(x.features, self._kernel(weight), rmap, bias=bias)
+        out = self._map_calls(x.features, self._kernel(weight), rmap, bias)
         indice_dict = x.indice_dict
         if key is not None:
             indice_dict = dict(indice_dict)
@@ -327,7 +329,7 @@ class SparseConvolution(SparseModule):
                 f"output sites of indice_key {self.indice_key!r} (spatial_shape "
                 f"{datas.out_spatial_shape}, {datas.out_indices.shape[0]} sites)"
             )
-        out = relational_conv(x.features, self._kernel(weight), datas.rmap.transpose(), bias=bias)
+        out = self._map_calls(x.features, self._kernel(weight), datas.rmap.transpose(), bias)
         return SparseConvTensor._make(out, datas.in_sites, datas.spatial_shape, x.batch_size, x.indice_dict)
 
     def _check_subm_reuse(self, x: SparseConvTensor, datas: IndiceData) -> None:

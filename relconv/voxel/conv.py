@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from relconv.ops import ACTIVATIONS, ConvPlan, conv_call, direct_ok, plan, prepare, run_conv
+from relconv.ops import ACTIVATIONS, ConvPlan, conv_call, direct_ok, forget_key, plan, prepare, run_conv
 from relconv.voxel.kernel_map import LayerMap, layer_map
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import Triple, registered, triple
@@ -179,7 +179,7 @@ class PreparedCalls(dict):
         seen = self.get(key)
         if seen is None or seen.cache() is not cache:
             # The mark leaves with the coordinates: a network over a new scan keeps no marks.
-            ref = weakref.ref(cache, functools.partial(_forget, weakref.ref(self), key))
+            ref = weakref.ref(cache, functools.partial(forget_key, weakref.ref(self), key))
             self[key] = LayerPlan(ref, x.stride, None, None, None)
             return
         if args.bias is not bias:
@@ -193,12 +193,6 @@ class PreparedCalls(dict):
 
     def __reduce__(self):
         return (PreparedCalls, ())
-
-
-def _forget(calls: weakref.ref, key: int, _cache: weakref.ref) -> None:
-    owner = calls()
-    if owner is not None:
-        owner.pop(key, None)
 
 
 class Conv3d(nn.Module):

@@ -1,6 +1,7 @@
-"""The shims' convolutions keep relconv's prepared op calls (relconv.voxel.PreparedCalls), as the
-native Conv3d does: a layer's third call over the same sites runs the stored call, which gives
-what preparing the call again gives, also after the weights change and in training."""
+"""The shims' convolutions keep relconv's prepared op calls (relconv.voxel.PreparedCalls, and
+relconv.ops.MapCalls for spconv's strided and inverse layers), as the native Conv3d does: a layer's
+third call over the same sites runs the stored call, which gives what preparing the call again
+gives, also after the weights change and in training."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 import relconv.spconv as spconv
 import relconv.torchsparse.nn as spnn
+from relconv.ops import MapCalls
 from relconv.voxel import PreparedCalls
 from tests.compat.spconv_refs import random_tensor
 from tests.compat.torchsparse_refs import scene
@@ -23,6 +25,21 @@ def _spconv_case():
     return layer, x, lambda lyr: [lyr._calls]
 
 
+def _spconv_strided_case():
+    layer = spconv.SparseConv3d(4, 6, 3, stride=2, padding=1, bias=True).double()
+    x = random_tensor([7, 6, 5], 2, 80, 4, seed=1)
+    return layer, x.replace_feature(x.features.double()), lambda lyr: [lyr._map_calls]
+
+
+def _spconv_inverse_case():
+    down = spconv.SparseConv3d(4, 6, 3, stride=2, padding=1, indice_key="d").double()
+    x = random_tensor([7, 6, 5], 2, 80, 4, seed=1)
+    with torch.no_grad():
+        y = down(x.replace_feature(x.features.double()))
+    layer = spconv.SparseInverseConv3d(6, 4, 3, indice_key="d", bias=True).double()
+    return layer, y, lambda lyr: [lyr._map_calls]
+
+
 def _torchsparse_case(stride):
     layer = spnn.Conv3d(3, 5, 3, stride=stride, bias=True).double()
     x = scene(n=80)
@@ -31,6 +48,8 @@ def _torchsparse_case(stride):
 
 CASES = {
     "spconv-subm": _spconv_case,
+    "spconv-strided": _spconv_strided_case,
+    "spconv-inverse": _spconv_inverse_case,
     "torchsparse-subm": lambda: _torchsparse_case(1),
     "torchsparse-strided": lambda: _torchsparse_case(2),
 }
@@ -40,14 +59,25 @@ def _feats(out):
     return out.features if hasattr(out, "features") else out.feats
 
 
+def _stored_runs(calls_of, layer) -> list:
+    """The layer's stored calls (None where a first call only marked its sites or map)."""
+    runs = []
+    for calls in calls_of(layer):
+        assert isinstance(calls, (PreparedCalls, MapCalls))
+        runs += [entry.run if isinstance(calls, PreparedCalls) else entry[1] for entry in calls.values()]
+    return runs
+
+
 def _spy_on(calls_of, layer):
     """Wraps every stored call of the layer; returns the list the wrappers append to."""
     seen = []
+    assert all(run is not None for run in _stored_runs(calls_of, layer)), "the second call stores it"
     for calls in calls_of(layer):
-        assert isinstance(calls, PreparedCalls)
-        for key, plan in calls.items():
-            assert plan.run is not None, "the second call over these sites stores the prepared call"
-            calls[key] = plan._replace(run=lambda *a, run=plan.run: seen.append(a) or run(*a))
+        for key, entry in calls.items():
+            if isinstance(calls, PreparedCalls):
+                calls[key] = entry._replace(run=lambda *a, run=entry.run: seen.append(a) or run(*a))
+            else:
+                calls[key] = (entry[0], lambda *a, run=entry[1]: seen.append(a) or run(*a))
     return seen
 
 
@@ -80,7 +110,7 @@ def test_prepared_training_steps_match_fresh_ones(case):
         layer.zero_grad()
         out = layer(x)
         _feats(out).square().sum().backward()
-    assert any(plan.run is not None for calls in calls_of(layer) for plan in calls.values())
+    assert any(run is not None for run in _stored_runs(calls_of, layer))
     ref = fresh(x)
     _feats(ref).square().sum().backward()
     torch.testing.assert_close(_feats(out), _feats(ref))
