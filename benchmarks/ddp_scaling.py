@@ -11,7 +11,8 @@ Runs, each as its own torchrun job on the same synthetic 64-beam scans:
   Ggpu_off        the same with per-rank BatchNorm statistics
   Ggpu_torch      the same with torch's SyncBatchNorm (CUDA only)
 The last --profile-steps steps of 1gpu and Ggpu_relconv run under torch.profiler (a summary per
-rank in DIR/profile_*); step medians leave them out, and the first 10 steps (warm-up).
+rank in DIR/profile_*); step medians leave them out, and the first 10 steps (warm-up). Then
+benchmarks.ddp_collectives times an all_reduce of the model's gradient and of 1 KiB on G processes.
 Writes DIR/ddp_scaling.json and prints a table: ms per step, scans per second, weak-scaling
 efficiency (scans/s at G GPUs over G times scans/s at 1 GPU) and strong-scaling speed-up.
 `--device cpu` runs the same jobs on CPU processes joined by gloo (a smoke run; small scans).
@@ -61,6 +62,14 @@ def jobs(gpus: int, per_gpu: int, device: str) -> list[tuple[str, int, int, list
     ] + torch_sync
 
 
+def child_env(extra: dict) -> dict:
+    """This environment plus `extra`, with the checkout first on PYTHONPATH (torchrun's children
+    import relconv and benchmarks from it)."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return env
+
+
 def median_step(log: dict) -> float:
     times = log["step_seconds"]
     end = len(times) - log.get("profiled_steps", 0)
@@ -90,8 +99,7 @@ def run_job(args, name: str, procs: int, batch: int, extra: list[str], env: dict
     cmd += (GPU_SCENE if args.device == "cuda" else CPU_SCENE) + extra + ["--metrics", str(metrics)]
     if profiled:
         cmd += ["--profile", str(args.out / f"profile_{name}"), "--profile-steps", str(args.profile_steps)]
-    full_env = dict(os.environ, **env)
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    full_env = child_env(env)
     subprocess.run(cmd, check=True, env=full_env, timeout=args.timeout, stdout=subprocess.DEVNULL)
     log = json.loads(metrics.read_text())
     step = median_step(log)
@@ -105,6 +113,17 @@ def run_job(args, name: str, procs: int, batch: int, extra: list[str], env: dict
         "first_losses": log["losses"][:3],
         "device": log["device"],
     }
+
+
+def run_collectives(args) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}"]
+    cmd += ["-m", "benchmarks.ddp_collectives", "--device", args.device, "--out", str(args.out)]
+    if args.device == "cpu":
+        cmd += ["--width", "0.25", "--reps", "5"]
+    subprocess.run(
+        cmd, check=True, env=child_env({}), timeout=args.timeout, stdout=subprocess.DEVNULL, cwd=ROOT
+    )
+    return json.loads((args.out / "collectives.json").read_text())
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -136,9 +155,16 @@ def main(argv: list[str] | None = None) -> dict:
             f"{args.gpus} GPUs, {sync} SyncBatchNorm: weak efficiency {multi['weak_efficiency']:.0%}, "
             f"strong speed-up {multi['strong_speedup']:.2f}x"
         )
+    c = run_collectives(args)
+    print(
+        f"all_reduce over {args.gpus} processes: gradient ({c['gradient_numel'] / 1e6:.1f}M fp32) "
+        f"{c['gradient_all_reduce_ms']:.2f} ms ({c['gradient_bus_gb_per_s']:.0f} GB/s bus), "
+        f"1 KiB {c['all_reduce_1kib_us']:.0f} us"
+    )
     summary = {
         "command": " ".join(["python -m benchmarks.ddp_scaling"] + (argv or sys.argv[1:])),
         "jobs": results,
+        "collectives": c,
     }
     (args.out / "ddp_scaling.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -73,3 +73,6 @@ def test_ddp_scaling_runs_every_job_and_the_same_function(tmp_path):
     assert abs(jobs["2gpu_relconv"]["first_losses"][0] - jobs["1gpu_batch2"]["first_losses"][0]) < 1e-5
     for name in ("1gpu", "2gpu_relconv"):
         assert (tmp_path / f"profile_{name}" / "rank0.txt").read_text().startswith("rank 0: the last 1 steps")
+    collectives = summary["collectives"]
+    assert collectives["world_size"] == 2 and collectives["gradient_numel"] > 0
+    assert collectives["gradient_all_reduce_ms"] > 0 and collectives["all_reduce_1kib_us"] > 0
