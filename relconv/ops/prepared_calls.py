@@ -13,7 +13,7 @@ from relconv.core import RelationalMap
 from relconv.ops.relational_conv import conv_call, prepare, run_conv
 
 
-def forget_key(store: weakref.ref, key: int, _gone: weakref.ref) -> None:
+def forget_key(store: weakref.ref, key: object, _gone: weakref.ref) -> None:
     """Weakref callback: drops `key` from the store (a dict) once the object it stood for is gone."""
     owner = store()
     if owner is not None:
@@ -21,23 +21,32 @@ def forget_key(store: weakref.ref, key: int, _gone: weakref.ref) -> None:
 
 
 class MapCalls(dict):
-    """One layer's prepared `relational_conv` calls, by `id` of the `RelationalMap` they run over.
+    """One layer's prepared `relational_conv` calls, by `id` of the `RelationalMap` they run over
+    and the activation.
 
-    `calls(x, weight, rmap, bias)` is `relational_conv(x, weight, rmap, bias=bias)`. The first call
-    over a map marks it, the second keeps its prepared call (`relconv.ops.prepare`: the plan, views
-    and checks decided once), and later calls run that, which re-checks in C++ the call state it was
-    prepared under and steps aside when it changed. Maps are held weakly: an entry leaves with its
-    map. A bias that needs a cast per call keeps no call. Copies and pickles start empty.
+    `calls(x, weight, rmap, bias, activation)` is `relational_conv(x, weight, rmap, bias=bias,
+    activation=activation)`. The first call over a map marks it, the second keeps its prepared call
+    (`relconv.ops.prepare`: the plan, views and checks decided once), and later calls run that,
+    which re-checks in C++ the call state it was prepared under and steps aside when it changed.
+    Maps are held weakly: an entry leaves with its map. A bias that needs a cast per call keeps no
+    call. Copies and pickles start empty.
     """
 
-    def __call__(self, x: Tensor, weight: Tensor, rmap: RelationalMap, bias: Tensor | None = None) -> Tensor:
-        key = id(rmap)
+    def __call__(
+        self,
+        x: Tensor,
+        weight: Tensor,
+        rmap: RelationalMap,
+        bias: Tensor | None = None,
+        activation: str | None = None,
+    ) -> Tensor:
+        key = (id(rmap), activation)
         seen = self.get(key)
         if seen is not None and seen[0]() is rmap and seen[1] is not None and direct_ok((x, weight, bias)):
             out = seen[1](x, weight, bias)
             if out is not None:
                 return out
-        call = conv_call(x, weight, rmap, bias=bias)
+        call = conv_call(x, weight, rmap, bias=bias, activation=activation)
         if seen is None or seen[0]() is not rmap:
             self[key] = (weakref.ref(rmap, functools.partial(forget_key, weakref.ref(self), key)), None)
         elif call[0].bias is bias:

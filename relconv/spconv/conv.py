@@ -23,6 +23,7 @@ from relconv.spconv._missing import missing
 from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, SparseModule, check_geometry, expand_nd
 from relconv.spconv.geometry import build_map, conv_output_size, deconv_output_size
 from relconv.voxel import PreparedCalls, conv3d
+from relconv.voxel.fold import FoldCache
 
 _MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"
 SUPPORTED_NDIM = (2, 3)
@@ -204,15 +205,32 @@ class SparseConvolution(SparseModule):
         weight, bias = self.weight, self.bias
         if self.conv1x1:
             out = self._conv1x1(input, weight, bias)
-        elif self.subm:
-            out = self._submanifold(input, weight, bias)
-        elif self.inverse:
-            out = self._inverse(input, weight, bias)
         else:
-            out = self._regular(input, weight, bias)
+            out = self._run(input, self._kernel(weight), bias, None)
         if add_input is not None:
             out = out.replace_feature(out.features + add_input.features)
         return out
+
+    def can_fold(self) -> bool:
+        """Whether `folded` can run this layer (SparseSequential's eval-mode BatchNorm folding)."""
+        return not self.conv1x1 and self.groups == 1
+
+    def folded(
+        self, input: SparseConvTensor, bn: nn.BatchNorm1d, relu: bool, cache: FoldCache
+    ) -> SparseConvTensor:
+        """`relu?(bn(self(input)))` for an eval-mode `bn`, as one relconv call: bn folded into the
+        weight and bias (`relconv.voxel.fold`, cached in `cache`), the ReLU in the epilogue."""
+        kernel, bias = cache.get_tensors(self._kernel(self.weight), self.bias, 1, bn, input.features)
+        return self._run(input, kernel, bias, "relu" if relu else None)
+
+    def _run(
+        self, x: SparseConvTensor, kernel: Tensor, bias: Tensor | None, act: str | None
+    ) -> SparseConvTensor:
+        if self.subm:
+            return self._submanifold(x, kernel, bias, act)
+        if self.inverse:
+            return self._inverse(x, kernel, bias, act)
+        return self._regular(x, kernel, bias, act)
 
     def _conv1x1(self, x: SparseConvTensor, weight: Tensor, bias: Tensor | None) -> SparseConvTensor:
         # spconv 2.3 multiplies a 1x1 layer by its [C_out, 1.., C_in] weight *reshaped* to [C_in, C_out]
@@ -225,7 +243,9 @@ class SparseConvolution(SparseModule):
         out = features @ w if bias is None else torch.addmm(bias, features, w)
         return SparseConvTensor._make(out, x._sites, x.spatial_shape, x.batch_size, x.indice_dict)
 
-    def _submanifold(self, x: SparseConvTensor, weight: Tensor, bias: Tensor | None) -> SparseConvTensor:
+    def _submanifold(
+        self, x: SparseConvTensor, kernel: Tensor, bias: Tensor | None, act: str | None
+    ) -> SparseConvTensor:
         key = self.indice_key
         datas = x.find_indice_pair(key)
         if datas is not None:
@@ -234,8 +254,10 @@ class SparseConvolution(SparseModule):
         else:
             sites = x._sites
         voxel = sites.voxel(x.features)
-        kernel, calls = self._kernel(weight), self._calls
-        out = conv3d(voxel, kernel, self._kernel_3d, 1, self._dilation_3d, bias=bias, prepared=calls).feats
+        # A folded call (act set) is prepared afresh: the stored calls run without an activation.
+        calls = self._calls if act is None else None
+        d = self._dilation_3d
+        out = conv3d(voxel, kernel, self._kernel_3d, 1, d, bias=bias, activation=act, prepared=calls).feats
         indice_dict = x.indice_dict
         if key is not None and datas is None:
             indice_dict = dict(indice_dict)
@@ -255,7 +277,9 @@ class SparseConvolution(SparseModule):
             )
         return SparseConvTensor._make(out, sites, x.spatial_shape, x.batch_size, indice_dict)
 
-    def _regular(self, x: SparseConvTensor, weight: Tensor, bias: Tensor | None) -> SparseConvTensor:
+    def _regular(
+        self, x: SparseConvTensor, kernel: Tensor, bias: Tensor | None, act: str | None
+    ) -> SparseConvTensor:
         key = self.indice_key
         if key is not None and key in x.indice_dict:
             raise ValueError(
@@ -284,7 +308,7 @@ class SparseConvolution(SparseModule):
             self.transposed,
         )
         self._record_count(rmap.num_out)
-        out = self._map_calls(x.features, self._kernel(weight), rmap, bias)
+        out = self._map_calls(x.features, kernel, rmap, bias, act)
         indice_dict = x.indice_dict
         if key is not None:
             indice_dict = dict(indice_dict)
@@ -305,7 +329,9 @@ class SparseConvolution(SparseModule):
             )
         return SparseConvTensor._make(out, out_sites, out_shape, x.batch_size, indice_dict)
 
-    def _inverse(self, x: SparseConvTensor, weight: Tensor, bias: Tensor | None) -> SparseConvTensor:
+    def _inverse(
+        self, x: SparseConvTensor, kernel: Tensor, bias: Tensor | None, act: str | None
+    ) -> SparseConvTensor:
         datas = x.find_indice_pair(self.indice_key)
         if datas is None:
             raise ValueError(
@@ -329,7 +355,7 @@ class SparseConvolution(SparseModule):
                 f"output sites of indice_key {self.indice_key!r} (spatial_shape "
                 f"{datas.out_spatial_shape}, {datas.out_indices.shape[0]} sites)"
             )
-        out = self._map_calls(x.features, self._kernel(weight), datas.rmap.transpose(), bias)
+        out = self._map_calls(x.features, kernel, datas.rmap.transpose(), bias, act)
         return SparseConvTensor._make(out, datas.in_sites, datas.spatial_shape, x.batch_size, x.indice_dict)
 
     def _check_subm_reuse(self, x: SparseConvTensor, datas: IndiceData) -> None:

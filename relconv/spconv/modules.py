@@ -10,6 +10,8 @@ from torch import nn
 from relconv.spconv._missing import missing
 from relconv.spconv.conv import SparseConvolution
 from relconv.spconv.core import SparseConvTensor, SparseModule
+from relconv.voxel.fold import FoldCache
+from relconv.voxel.nn import conv_bn_runs, inference_folding_enabled
 
 
 class SparseBatchNorm(nn.BatchNorm1d):
@@ -68,6 +70,11 @@ class SparseSequential(SparseModule):
     ReLU, ...) its features (skipped when the tensor has no sites, as in spconv).
 
     Takes modules as positional arguments, one OrderedDict, or keyword arguments.
+
+    In eval mode without autograd, every sparse conv -> `torch.nn.BatchNorm1d` [-> `torch.nn.ReLU`]
+    run executes as one relconv conv with the BatchNorm folded into its weight and bias and the
+    ReLU in its epilogue, as `relconv.voxel.Sequential` does (what spconv's `fused()` does by
+    hand); `relconv.voxel.inference_folding(False)` runs the modules one by one instead.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -99,15 +106,47 @@ class SparseSequential(SparseModule):
         self.add_module(name, module)
 
     def forward(self, input):
-        for module in self._modules.values():
-            if is_spconv_module(module):
-                input = module(input)
-            elif isinstance(input, SparseConvTensor):
-                if input.indices.shape[0] != 0:
-                    input = input.replace_feature(module(input.features))
-            else:
-                input = module(input)
+        steps = self._modules.values()
+        if not self.training and not torch.is_grad_enabled() and inference_folding_enabled():
+            steps = self._folded_steps()
+        for step in steps:
+            if type(step) is not tuple:
+                input = _apply(step, input)
+                continue
+            conv, bn, relu, cache = step
+            if not bn.training and isinstance(input, SparseConvTensor):
+                input = conv.folded(input, bn, relu is not None, cache)
+                continue
+            for module in (conv, bn) if relu is None else (conv, bn, relu):
+                input = _apply(module, input)
         return input
+
+    def _folded_steps(self) -> list:
+        """The children with every foldable conv -> BatchNorm1d [-> ReLU] run as (conv, bn, relu,
+        FoldCache), rebuilt when the children change."""
+        children = tuple(self._modules.values())
+        plan = self.__dict__.get("_fold_plan")
+        if plan is None or plan[0] != children:
+            runs = conv_bn_runs(
+                list(children),
+                is_conv=lambda m: isinstance(m, SparseConvolution) and m.can_fold(),
+                norm_of=lambda m: m if type(m) in (nn.BatchNorm1d, SparseBatchNorm) else None,
+                is_relu=lambda m: type(m) is nn.ReLU,
+            )
+            plan = (children, [s + (FoldCache(),) if type(s) is tuple else s for s in runs])
+            self.__dict__["_fold_plan"] = plan
+        return plan[1]
+
+
+def _apply(module: nn.Module, input):
+    """One module of a SparseSequential: sparse modules take the tensor, dense ones its features."""
+    if is_spconv_module(module):
+        return module(input)
+    if isinstance(input, SparseConvTensor):
+        if input.indices.shape[0] == 0:
+            return input
+        return input.replace_feature(module(input.features))
+    return module(input)
 
 
 class ToDense(SparseModule):

@@ -19,19 +19,26 @@ from relconv.voxel.utils import registered
 def folded_parameters(conv: nn.Module, bn: nn.BatchNorm1d) -> tuple[Tensor, Tensor]:
     """(weight, bias) of the conv computing `bn(conv(x))`, BatchNorm in eval mode, in the conv's
     weight dtype (the arithmetic runs in float64)."""
-    w = conv.weight
+    return fold_tensors(conv.weight, conv.bias, conv.groups, bn)
+
+
+@torch.no_grad()
+def fold_tensors(
+    weight: Tensor, bias: Tensor | None, groups: int, bn: nn.BatchNorm1d
+) -> tuple[Tensor, Tensor]:
+    """`folded_parameters` of a relconv-layout weight (`[K, C_in, C_out]`, or grouped
+    `[K, G, C_in/G, C_out/G]`: output channels last) and bias, for layers that keep their own."""
     gain = bn.running_var.to(torch.float64).add(bn.eps).rsqrt()
     if bn.weight is not None:
         gain = gain * bn.weight.to(torch.float64)
-    bias = -bn.running_mean.to(torch.float64)
-    if conv.bias is not None:
-        bias = bias + conv.bias.to(torch.float64)
-    bias = bias * gain
+    shift = -bn.running_mean.to(torch.float64)
+    if bias is not None:
+        shift = shift + bias.to(torch.float64)
+    shift = shift * gain
     if bn.bias is not None:
-        bias = bias + bn.bias.to(torch.float64)
-    # Output channels are the last weight axis; grouped weights [K, G, Cin/G, Cout/G] split them by group.
-    g = gain.reshape(conv.groups, 1, -1) if w.dim() == 4 else gain
-    return (w.to(torch.float64) * g).to(w.dtype), bias.to(w.dtype)
+        shift = shift + bn.bias.to(torch.float64)
+    g = gain.reshape(groups, 1, -1) if weight.dim() == 4 else gain
+    return (weight.to(torch.float64) * g).to(weight.dtype), shift.to(weight.dtype)
 
 
 class FoldCache:
@@ -53,21 +60,25 @@ class FoldCache:
     def get(self, conv: nn.Module, bn: nn.BatchNorm1d, feats: Tensor) -> tuple[Tensor, Tensor]:
         """The folded parameters for a forward of `feats`: in the conv weight's dtype, or in the
         autocast dtype when a float32 conv runs under autocast."""
-        tensors = _fold_inputs(conv, bn)
-        dtype = compute_dtype_for(tensors[0].dtype, feats)
+        return self.get_tensors(registered(conv, "weight"), registered(conv, "bias"), conv.groups, bn, feats)
+
+    def get_tensors(
+        self, weight: Tensor, bias: Tensor | None, groups: int, bn: nn.BatchNorm1d, feats: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """`get` for a relconv-layout weight and bias that a layer keeps in its own form."""
+        tensors = (weight, bias, *_bn_inputs(bn))
+        dtype = compute_dtype_for(weight.dtype, feats)
         key = (dtype, bn.eps, *[None if t is None else (id(t), t._version) for t in tensors])
         if key != self.key:
-            weight, bias = folded_parameters(conv, bn)
+            weight, bias = fold_tensors(weight, bias, groups, bn)
             self.weight, self.bias = weight.to(dtype), bias.to(dtype)
             self.key, self.tensors = key, tensors
         return self.weight, self.bias
 
 
-def _fold_inputs(conv: nn.Module, bn: nn.BatchNorm1d) -> tuple:
-    """(conv weight, conv bias, bn weight, bn bias, running mean, running var): what the folding reads."""
+def _bn_inputs(bn: nn.BatchNorm1d) -> tuple:
+    """(weight, bias, running mean, running var): what the folding reads of the BatchNorm."""
     return (
-        registered(conv, "weight"),
-        registered(conv, "bias"),
         registered(bn, "weight"),
         registered(bn, "bias"),
         registered(bn, "running_mean"),

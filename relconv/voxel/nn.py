@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -117,23 +117,32 @@ def inference_folding(enabled: bool) -> Iterator[None]:
         _FOLDING[0] = old
 
 
-def conv_bn_runs(children: list[nn.Module]) -> list:
-    """`children` with every `Conv3d -> BatchNorm [-> ReLU]` run (conv without its own activation,
-    BatchNorm tracking running statistics) replaced by the tuple (conv, bn, the ReLU or None)."""
+def inference_folding_enabled() -> bool:
+    """Whether eval-mode forwards fold BatchNorm into the preceding conv (`inference_folding`)."""
+    return _FOLDING[0]
+
+
+def conv_bn_runs(
+    children: list[nn.Module],
+    is_conv: Callable[[nn.Module], bool] | None = None,
+    norm_of: Callable[[nn.Module], nn.Module | None] | None = None,
+    is_relu: Callable[[nn.Module], bool] | None = None,
+) -> list:
+    """`children` with every conv -> BatchNorm [-> ReLU] run replaced by the tuple (conv, bn, the ReLU
+    or None). By default: a relconv `Conv3d` without its own activation, a relconv `BatchNorm`
+    tracking running statistics, a relconv `ReLU`; a front end passes its own predicates (`norm_of`
+    gives the torch BatchNorm1d a module normalises with, or None)."""
+    is_conv = is_conv or (lambda m: isinstance(m, Conv3d) and m.activation is None)
+    norm_of = norm_of or (lambda m: m.module if isinstance(m, BatchNorm) else None)
+    is_relu = is_relu or (lambda m: isinstance(m, ReLU))
     out: list = []
     i = 0
     while i < len(children):
         m = children[i]
-        nxt = children[i + 1] if i + 1 < len(children) else None
-        if (
-            isinstance(m, Conv3d)
-            and m.activation is None
-            and isinstance(nxt, BatchNorm)
-            and nxt.module.running_mean is not None
-            and nxt.module.num_features == m.out_channels
-        ):
-            relu = children[i + 2] if i + 2 < len(children) and isinstance(children[i + 2], ReLU) else None
-            out.append((m, nxt, relu))
+        norm = norm_of(children[i + 1]) if i + 1 < len(children) and is_conv(m) else None
+        if norm is not None and norm.running_mean is not None and norm.num_features == m.out_channels:
+            relu = children[i + 2] if i + 2 < len(children) and is_relu(children[i + 2]) else None
+            out.append((m, children[i + 1], relu))
             i += 3 if relu is not None else 2
         else:
             out.append(m)
