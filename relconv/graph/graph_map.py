@@ -210,15 +210,17 @@ def build_rgcn_map(
 
     # Sorting by the (relation, target) key groups pairs by relation for the kernels and makes each
     # (target, relation) slot contiguous, so its degree and slot id come from one run-length pass.
+    # Nothing below reads the device back: bincount and unique_consecutive would (their output
+    # sizes depend on the data), so the relation offsets come from a search of the sorted keys and
+    # the slot sizes from run lengths.
     key = rel * max(num_dst, 1) + dst.long()
     key, perm = torch.sort(key, stable=True)
-    slot_key, slot_index, slot_size = torch.unique_consecutive(key, return_inverse=True, return_counts=True)
-    rel_ptr = torch.zeros(num_relations + 1, dtype=torch.int64, device=rel.device)
-    torch.cumsum(torch.bincount(rel, minlength=num_relations), 0, out=rel_ptr[1:])
+    starts = torch.arange(num_relations + 1, dtype=torch.int64, device=rel.device) * max(num_dst, 1)
+    rel_ptr = torch.searchsorted(key, starts)
     idt = index_dtype_for(num_src, num_dst, rel.numel())
     out_index = dst.index_select(0, perm).to(idt)
     # float32 serves every dtype but float64, whose exact scale `RGCNMap.mean_scale` derives on demand.
-    scale = slot_size.float().reciprocal().index_select(0, slot_index) if aggr == "mean" else None
+    scale = _run_lengths(key).float().reciprocal() if aggr == "mean" else None
     rmap = RelationalMap(
         src.index_select(0, perm).to(idt), out_index, rel_ptr, num_src, num_dst, scale=scale, validate=False
     )
@@ -226,6 +228,7 @@ def build_rgcn_map(
         return RGCNMap(rmap, aggr, perm)
     # Max aggregates each slot's raw inputs first, then transforms the slot rows through the core:
     # one pair (slot, target, relation) per non-empty slot.
+    slot_key, slot_index = torch.unique_consecutive(key, return_inverse=True)
     num_slots = slot_key.numel()
     slot_rel = torch.div(slot_key, max(num_dst, 1), rounding_mode="floor")
     slot_ptr = torch.zeros(num_relations + 1, dtype=torch.int64, device=rel.device)
@@ -247,14 +250,17 @@ def _slot_degree(rmap: RelationalMap) -> Tensor:
     The pairs are sorted by (relation, target), so every slot is a run; run ids come from a cumulative
     sum over run starts and run lengths from a scatter-add, with no host synchronisation.
     """
-    num_pairs = rmap.num_pairs
-    if num_pairs == 0:
-        return torch.zeros(0, dtype=torch.int64, device=rmap.device)
-    key = rmap.relation_of_pairs() * max(rmap.num_out, 1) + rmap.out_index.long()
-    starts = torch.ones(num_pairs, dtype=torch.int64, device=rmap.device)
-    starts[1:] = (key[1:] != key[:-1]).long()
+    return _run_lengths(rmap.relation_of_pairs() * max(rmap.num_out, 1) + rmap.out_index.long())
+
+
+def _run_lengths(sorted_key: Tensor) -> Tensor:
+    """[P] int64 length of the run of equal values each element of a sorted key lies in: run ids
+    from a cumulative sum over run starts, lengths from a scatter-add, no host synchronisation."""
+    n = sorted_key.numel()
+    starts = torch.ones(n, dtype=torch.int64, device=sorted_key.device)
+    starts[1:] = (sorted_key[1:] != sorted_key[:-1]).long()
     run = torch.cumsum(starts, 0) - 1
-    length = torch.zeros(num_pairs, dtype=torch.int64, device=rmap.device)
+    length = torch.zeros(n, dtype=torch.int64, device=sorted_key.device)
     length.index_add_(0, run, torch.ones_like(run))
     return length.index_select(0, run)
 

@@ -1,5 +1,7 @@
 """GPU: CPU <-> CUDA agreement, PyG agreement on CUDA, no host sync in forward, fp16/bf16, compile."""
 
+import warnings
+
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
@@ -79,6 +81,27 @@ def test_forward_never_syncs(config, featureless):
         given = layer(x, prebuilt, None, ew)
     torch.testing.assert_close(cached, expected)
     torch.testing.assert_close(given, expected)
+
+
+@pytest.mark.parametrize("aggr", ["mean", "add"])
+def test_fresh_map_build_reads_the_device_once(aggr):
+    """Building a mean or add map reads the device back once, for its range check (sizes given)."""
+    ei, et = random_graph(300, 300, 3000, 7)
+    ei, et = ei.cuda(), et.cuda()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            m = rg.build_rgcn_map(ei, et, 300, 7, aggr)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    ref = rg.build_rgcn_map(ei.cpu(), et.cpu(), 300, 7, aggr)
+    assert torch.equal(m.rmap.rel_ptr.cpu(), ref.rmap.rel_ptr)
+    if aggr == "mean":
+        torch.testing.assert_close(m.rmap.scale.cpu(), ref.rmap.scale, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
