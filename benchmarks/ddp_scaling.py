@@ -31,19 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 WARMUP = 10
-GPU_SCENE = ["--scans", "16", "--beams", "64", "--azimuth-steps", "1800", "--voxel-size", "0.05"]
-CPU_SCENE = [
-    "--scans",
-    "8",
-    "--beams",
-    "8",
-    "--azimuth-steps",
-    "256",
-    "--voxel-size",
-    "0.4",
-    "--width",
-    "0.25",
-]
+GPU_SCENE = "--scans 16 --beams 64 --azimuth-steps 1800 --voxel-size 0.05".split()
+CPU_SCENE = "--scans 8 --beams 8 --azimuth-steps 256 --voxel-size 0.4 --width 0.25".split()
 
 
 def jobs(gpus: int, per_gpu: int, device: str) -> list[tuple[str, int, int, list[str], dict, bool]]:
@@ -62,6 +51,10 @@ def jobs(gpus: int, per_gpu: int, device: str) -> list[tuple[str, int, int, list
     ] + torch_sync
 
 
+def torchrun(procs: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
+
+
 def child_env(extra: dict) -> dict:
     """This environment plus `extra`, with the checkout first on PYTHONPATH (torchrun's children
     import relconv and benchmarks from it)."""
@@ -78,29 +71,12 @@ def median_step(log: dict) -> float:
 
 def run_job(args, name: str, procs: int, batch: int, extra: list[str], env: dict, profiled: bool) -> dict:
     metrics = args.out / f"{name}.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={procs}",
-        str(EXAMPLE),
-    ]
-    cmd += [
-        "--model",
-        "minkunet",
-        "--device",
-        args.device,
-        "--steps",
-        str(args.steps),
-        "--batch-size",
-        str(batch),
-    ]
+    cmd = torchrun(procs) + [str(EXAMPLE), "--model", "minkunet", "--device", args.device]
+    cmd += ["--steps", str(args.steps), "--batch-size", str(batch)]
     cmd += (GPU_SCENE if args.device == "cuda" else CPU_SCENE) + extra + ["--metrics", str(metrics)]
     if profiled:
         cmd += ["--profile", str(args.out / f"profile_{name}"), "--profile-steps", str(args.profile_steps)]
-    full_env = child_env(env)
-    subprocess.run(cmd, check=True, env=full_env, timeout=args.timeout, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, env=child_env(env), timeout=args.timeout, stdout=subprocess.DEVNULL)
     log = json.loads(metrics.read_text())
     step = median_step(log)
     return {
@@ -116,8 +92,8 @@ def run_job(args, name: str, procs: int, batch: int, extra: list[str], env: dict
 
 
 def run_collectives(args) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}"]
-    cmd += ["-m", "benchmarks.ddp_collectives", "--device", args.device, "--out", str(args.out)]
+    cmd = torchrun(args.gpus) + ["-m", "benchmarks.ddp_collectives", "--device", args.device]
+    cmd += ["--out", str(args.out)]
     if args.device == "cpu":
         cmd += ["--width", "0.25", "--reps", "5"]
     subprocess.run(

@@ -5,7 +5,7 @@ from relconv._ext import direct_ok
 from relconv.ops.batch_norm import batch_norm_act
 from relconv.ops.dataflow import Dataflow
 from relconv.ops.planning import ConvPlan, compute_dtype_for, plan, resolve_dataflow
-from relconv.ops.prepared_calls import MapCalls, forget_key
+from relconv.ops.prepared_calls import MapCalls, forgetting_ref
 from relconv.ops.relational_conv import (
     ACTIVATIONS,
     ConvArgs,
@@ -30,7 +30,7 @@ __all__ = [
     "compute_dtype_for",
     "conv_call",
     "direct_ok",
-    "forget_key",
+    "forgetting_ref",
     "plan",
     "prepare",
     "relational_conv",

@@ -13,8 +13,12 @@ from relconv.core import RelationalMap
 from relconv.ops.relational_conv import conv_call, prepare, run_conv
 
 
-def forget_key(store: weakref.ref, key: object, _gone: weakref.ref) -> None:
-    """Weakref callback: drops `key` from the store (a dict) once the object it stood for is gone."""
+def forgetting_ref(store: dict, key: object, obj: object) -> weakref.ref:
+    """A weak reference to `obj` that drops `key` from `store` (held weakly too) once `obj` is gone."""
+    return weakref.ref(obj, functools.partial(_forget, weakref.ref(store), key))
+
+
+def _forget(store: weakref.ref, key: object, _gone: weakref.ref) -> None:
     owner = store()
     if owner is not None:
         owner.pop(key, None)
@@ -48,7 +52,7 @@ class MapCalls(dict):
                 return out
         call = conv_call(x, weight, rmap, bias=bias, activation=activation)
         if seen is None or seen[0]() is not rmap:
-            self[key] = (weakref.ref(rmap, functools.partial(forget_key, weakref.ref(self), key)), None)
+            self[key] = (forgetting_ref(self, key, rmap), None)
         elif call[0].bias is bias:
             self[key] = (seen[0], prepare(call[0], rmap))
         return run_conv(call)

@@ -23,7 +23,6 @@ Conventions (stable; the benchmarks convert weights to other libraries' layouts 
 
 from __future__ import annotations
 
-import functools
 import math
 import weakref
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from relconv.ops import ACTIVATIONS, ConvPlan, conv_call, direct_ok, forget_key, plan, prepare, run_conv
+from relconv.ops import ACTIVATIONS, ConvPlan, conv_call, direct_ok, forgetting_ref, plan, prepare, run_conv
 from relconv.voxel.kernel_map import LayerMap, layer_map
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import Triple, registered, triple
@@ -179,7 +178,7 @@ class PreparedCalls(dict):
         seen = self.get(key)
         if seen is None or seen.cache() is not cache:
             # The mark leaves with the coordinates: a network over a new scan keeps no marks.
-            ref = weakref.ref(cache, functools.partial(forget_key, weakref.ref(self), key))
+            ref = forgetting_ref(self, key, cache)
             self[key] = LayerPlan(ref, x.stride, None, None, None)
             return
         if args.bias is not bias:
