@@ -9,7 +9,6 @@ Runs, each as its own torchrun job on the same synthetic 64-beam scans:
   1gpu_batchGB    1 GPU, global batch G*B (strong scaling's baseline)
   Ggpu_relconv    G GPUs, global batch G*B, relconv's SyncBatchNorm
   Ggpu_off        the same with per-rank BatchNorm statistics
-  Ggpu_torch      the same with torch's SyncBatchNorm (CUDA only)
 The last --profile-steps steps of 1gpu and Ggpu_relconv run under torch.profiler (a summary per
 rank in DIR/profile_*); step medians leave them out, and the first 10 steps (warm-up). Then
 benchmarks.ddp_collectives times an all_reduce of the model's gradient and of 1 KiB on G processes.
@@ -35,20 +34,16 @@ GPU_SCENE = "--scans 16 --beams 64 --azimuth-steps 1800 --voxel-size 0.05".split
 CPU_SCENE = "--scans 8 --beams 8 --azimuth-steps 256 --voxel-size 0.4 --width 0.25".split()
 
 
-def jobs(gpus: int, per_gpu: int, device: str) -> list[tuple[str, int, int, list[str], dict, bool]]:
-    """(name, processes, global batch, extra arguments, extra environment, profiled); torch's
-    SyncBatchNorm takes GPU modules only, so its job runs on CUDA only."""
+def jobs(gpus: int, per_gpu: int) -> list[tuple[str, int, int, list[str], dict, bool]]:
+    """(name, processes, global batch, extra arguments, extra environment, profiled)."""
     big = gpus * per_gpu
-    torch_sync = (
-        [(f"{gpus}gpu_torch", gpus, big, ["--sync-bn", "torch"], {}, False)] if device == "cuda" else []
-    )
     return [
         ("1gpu", 1, per_gpu, [], {}, True),
         ("1gpu_omp1", 1, per_gpu, [], {"OMP_NUM_THREADS": "1"}, False),
         (f"1gpu_batch{big}", 1, big, [], {}, False),
         (f"{gpus}gpu_relconv", gpus, big, ["--sync-bn", "relconv"], {}, True),
         (f"{gpus}gpu_off", gpus, big, ["--sync-bn", "off"], {}, False),
-    ] + torch_sync
+    ]
 
 
 def torchrun(procs: int) -> list[str]:
@@ -116,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--gpus must be at least 2, --batch-per-gpu positive, --steps above --profile-steps")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, procs, batch, extra, env, profiled in jobs(args.gpus, args.batch_per_gpu, args.device):
+    for name, procs, batch, extra, env, profiled in jobs(args.gpus, args.batch_per_gpu):
         results[name] = run_job(args, name, procs, batch, extra, env, profiled)
         r = results[name]
         print(f"{name:>14}: {r['median_step_ms']:8.1f} ms/step  {r['scans_per_s']:7.1f} scans/s", flush=True)

@@ -68,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sync-bn",
         choices=("relconv", "torch", "off"),
         default="relconv",
-        help="BatchNorm statistics over all ranks through relconv's or torch's converter, or per rank (off)",
+        help="BatchNorm statistics over all ranks through relconv's or torch's converter (both then "
+        "run relconv's collectives), or per rank (off)",
     )
     p.add_argument("--checkpoint", type=Path, default=None)
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: only at the end")
@@ -144,11 +145,13 @@ def rng_states(device: torch.device) -> dict:
 
 
 def set_rng_states(states: dict, device: torch.device) -> None:
-    torch.set_rng_state(states["torch"])
+    """Restores `rng_states`; the generator states are CPU byte tensors whatever device the
+    checkpoint was loaded onto."""
+    torch.set_rng_state(states["torch"].cpu())
     np.random.set_state(states["numpy"])
     random.setstate(states["python"])
     if device.type == "cuda" and "cuda" in states:
-        torch.cuda.set_rng_state(states["cuda"], device)
+        torch.cuda.set_rng_state(states["cuda"].cpu(), device)
 
 
 def all_ranks(obj, world: int) -> list:

@@ -39,10 +39,10 @@ class BatchNorm(_FeatureWise):
 
     Distributed training: `relconv.voxel.convert_sync_batchnorm(model)` turns every BatchNorm into
     a `relconv.voxel.SyncBatchNorm` (any device and backend). `torch.nn.SyncBatchNorm.
-    convert_sync_batchnorm(model)` works too, on CUDA: it turns `module` into a torch SyncBatchNorm,
-    and in training with a process group of more than one rank the batch statistics then span all
-    ranks through torch's SyncBatchNorm itself (DistributedDataParallel refuses torch's
-    SyncBatchNorm in a CPU model; outside DDP, CPU input runs `relconv.voxel.sync_batch_norm`).
+    convert_sync_batchnorm(model)` works too: it turns `module` into a torch SyncBatchNorm, whose
+    training statistics with a process group of more than one rank then span all ranks through
+    `relconv.voxel.sync_batch_norm`, the same collectives (DistributedDataParallel refuses torch's
+    SyncBatchNorm in a CPU model, so that converter is for GPU jobs).
     Evaluation and single-rank training keep the fused op.
     """
 
@@ -58,11 +58,10 @@ class BatchNorm(_FeatureWise):
         """`relu?(module(feats))`, the module's running statistics updated as torch updates them."""
         bn = self._modules["module"]  # the registries, not nn.Module.__getattr__ (see `registered`)
         if isinstance(bn, nn.SyncBatchNorm) and bn.training and dist.is_available() and dist.is_initialized():
-            if not feats.is_cuda:
+            # torch's SyncBatchNorm refuses CPU input under a process group, and on CUDA reads the
+            # device back every layer; relconv's collectives serve both.
+            if not feats.is_cuda or sync_group(bn.process_group)[1] > 1:
                 out = sync_batch_norm(feats, bn)
-                return torch.relu(out) if relu else out
-            if sync_group(bn.process_group)[1] > 1:
-                out = bn(feats)
                 return torch.relu(out) if relu else out
         # momentum=None (a cumulative average) divides by num_batches_tracked on the host: torch's way.
         if not feats.is_cuda or bn.momentum is None:

@@ -1,16 +1,17 @@
 """Training-mode BatchNorm whose statistics span every rank of a process group, on any device.
 
-`torch.nn.SyncBatchNorm` refuses input on CPU (and on any device but CUDA-like ones) once a process
-group exists, so a gloo job on CPU cannot run it. `sync_batch_norm` computes the same thing with
-collectives every backend has (`all_gather`, `all_reduce`), for a `torch.nn.SyncBatchNorm` or a
-`torch.nn.BatchNorm1d` and a process group: the forward gathers each rank's
-(mean, sum of squared deviations, count) and merges them (Chan et al.'s pairwise update, stable for
+`sync_batch_norm` normalises a rank's rows by the statistics of the whole group, for a
+`torch.nn.SyncBatchNorm` or a `torch.nn.BatchNorm1d`: the forward gathers each rank's (mean, sum of
+squared deviations, count) and merges them on the device (Chan et al.'s pairwise update, stable for
 large means and for ranks with different row counts, empty ranks included); the backward all-reduces
-(sum dy, sum dy * x_hat) so that every rank's input gradient is that of the global batch. The
+(sum dy, sum dy * (x - mean)) so that every rank's input gradient is that of the global batch. The
 weight and bias gradients stay local, as in torch: DistributedDataParallel averages them with the
-other parameters. `relconv.voxel.SyncBatchNorm` normalises through it on every device but CUDA (where
-torch's SyncBatchNorm kernels serve), and `relconv.voxel.BatchNorm` routes here when its module is a
-torch SyncBatchNorm on a non-CUDA device.
+other parameters. On CUDA the per-rank work runs torch's BatchNorm kernels (`batch_norm_stats`,
+`batch_norm_elemt`, `batch_norm_backward_reduce`, `batch_norm_backward_elemt`); unlike
+`torch.nn.SyncBatchNorm` it never reads the device back (that one reads the gathered counts once a
+layer to drop empty ranks), so the host keeps queueing work while the collectives run. It serves
+CPU ranks under gloo too, which torch's SyncBatchNorm refuses. `relconv.voxel.SyncBatchNorm` and
+`relconv.voxel.BatchNorm` around a torch SyncBatchNorm both normalise through it.
 """
 
 from __future__ import annotations
@@ -66,19 +67,14 @@ class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, group, world):
         n, c = x.shape
-        xf = x.float()
-        if n:
-            var, mean = torch.var_mean(xf, 0, correction=0)
-        else:  # an empty rank still joins the collective, with zero weight in the merge
-            var = mean = xf.new_zeros(c)
+        mean, var = _local_stats(x, eps)
         local = torch.cat([mean.double(), var.double() * n, mean.new_full((1,), n, dtype=torch.float64)])
-        gathered = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(gathered, local, group=group)
-        stats = torch.stack(gathered)
+        stats = _all_gather_rows(local, world, group)
         means, m2s, counts = stats[:, :c], stats[:, c : 2 * c], stats[:, 2 * c :]
         # The global count stays on the device: a host read per layer would drain the launch queue
-        # of every rank at every BatchNorm. Only a rank with fewer than two rows of its own reads it,
-        # since only then can the whole group hold fewer than two.
+        # of every rank at every BatchNorm (torch's SyncBatchNorm reads it to drop empty ranks).
+        # Only a rank with fewer than two rows of its own reads it, since only then can the whole
+        # group hold fewer than two.
         total = counts.sum()
         if n < 2 and float(total) < 2:
             raise ValueError(f"Expected more than 1 value per channel when training, got {int(total)}")
@@ -90,28 +86,85 @@ class _SyncBatchNorm(torch.autograd.Function):
             running_var.mul_(1.0 - momentum).add_(unbiased, alpha=momentum)
         mean32 = g_mean.float()
         invstd = torch.rsqrt((g_m2 / total).float() + eps)
-        xhat = (xf - mean32) * invstd
-        out = xhat if weight is None else xhat * weight.float() + bias.float()
-        ctx.save_for_backward(x, weight, mean32, invstd)
-        ctx.total, ctx.group = total, group
-        return out.to(x.dtype)
+        ctx.save_for_backward(x, weight, mean32, invstd, counts.view(-1))
+        ctx.group = group
+        return _normalise(x, weight, bias, mean32, invstd, eps)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, invstd = ctx.saved_tensors
-        dyf = dy.float()
-        xhat = (x.float() - mean) * invstd
-        sum_dy = dyf.sum(0)
-        sum_dy_xhat = (dyf * xhat).sum(0)
+        x, weight, mean, invstd, counts = ctx.saved_tensors
+        dy = dy.contiguous()
+        sum_dy, sum_dy_xmu = _grad_sums(dy, x, mean)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            both = torch.cat([sum_dy, sum_dy_xhat])
+            both = torch.cat([sum_dy, sum_dy_xmu])
             dist.all_reduce(both, group=ctx.group)
-            g_dy, g_dy_xhat = both.chunk(2)
-            scale = invstd if weight is None else invstd * weight.float()
-            grad_x = ((dyf - g_dy / ctx.total - xhat * (g_dy_xhat / ctx.total)) * scale).to(x.dtype)
+            grad_x = _grad_input(dy, x, weight, mean, invstd, *both.chunk(2), counts)
         if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = sum_dy_xhat.to(weight.dtype)
+            grad_w = (sum_dy_xmu * invstd).to(weight.dtype)
         if weight is not None and ctx.needs_input_grad[2]:
             grad_b = sum_dy.to(weight.dtype)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+# Per-rank pieces. On CUDA they are torch's BatchNorm kernels for [N, C] input (one kernel each,
+# any float dtype in, float32 statistics out); elsewhere the same arithmetic in float32.
+
+
+def _local_stats(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Float32 mean and biased variance per channel of x [N, C]; zeros for an empty rank, which
+    still joins the collective with zero weight in the merge."""
+    if not len(x):
+        zeros = x.new_zeros(x.shape[1], dtype=torch.float32)
+        return zeros, zeros
+    if x.is_cuda:
+        mean, invstd = torch.batch_norm_stats(x, eps)
+        return mean, invstd.pow(-2) - eps
+    var, mean = torch.var_mean(x.float(), 0, correction=0)
+    return mean, var
+
+
+def _all_gather_rows(local: Tensor, world: int, group) -> Tensor:
+    """[world, len(local)]: every rank's `local`, in rank order (gloo has no all_gather_into_tensor)."""
+    if dist.get_backend(group) == "gloo":
+        rows = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(rows, local, group=group)
+        return torch.stack(rows)
+    out = local.new_empty(world, len(local))
+    dist.all_gather_into_tensor(out, local, group=group)
+    return out
+
+
+def _normalise(x: Tensor, weight, bias, mean: Tensor, invstd: Tensor, eps: float) -> Tensor:
+    if x.is_cuda:
+        return torch.batch_norm_elemt(x, weight, bias, mean, invstd, eps) if len(x) else torch.empty_like(x)
+    xhat = (x.float() - mean) * invstd
+    return (xhat if weight is None else xhat * weight.float() + bias.float()).to(x.dtype)
+
+
+def _grad_sums(dy: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
+    """Float32 (sum of dy, sum of dy * (x - mean)) per channel over this rank's rows."""
+    if not len(x):
+        zeros = mean.new_zeros(x.shape[1])
+        return zeros, zeros
+    if x.is_cuda:
+        ones = torch.ones_like(mean)  # the sums do not depend on invstd or weight
+        sum_dy, sum_dy_xmu, _, _ = torch.batch_norm_backward_reduce(dy, x, mean, ones, None, True, False, False)
+        return sum_dy, sum_dy_xmu
+    dyf = dy.float()
+    return dyf.sum(0), (dyf * (x.float() - mean)).sum(0)
+
+
+def _grad_input(dy, x, weight, mean, invstd, sum_dy, sum_dy_xmu, counts) -> Tensor:
+    """The input gradient of the global batch's normalisation for this rank's rows, from the
+    group's gradient sums."""
+    if x.is_cuda:
+        if not len(x):
+            return torch.empty_like(x)
+        count = counts.to(torch.int32)
+        return torch.batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count)
+    total = counts.sum().float()
+    scale = invstd if weight is None else invstd * weight.float()
+    xmu = x.float() - mean
+    grad = (dy.float() - sum_dy / total - xmu * (invstd * invstd) * (sum_dy_xmu / total)) * scale
+    return grad.to(x.dtype)

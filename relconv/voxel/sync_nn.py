@@ -13,9 +13,9 @@ class SyncBatchNorm(BatchNorm):
     """`relconv.voxel.BatchNorm` whose training statistics span every rank of `process_group`.
 
     In training with more than one rank in the group (None: the default group), the mean and
-    variance are those of the voxels of all ranks together, on any device and backend: on CUDA
-    through torch's SyncBatchNorm kernels, elsewhere (gloo on CPU) through
-    `relconv.voxel.sync_batch_norm` (one all_gather in the forward, one all_reduce in the backward).
+    variance are those of the voxels of all ranks together, on any device and backend, through
+    `relconv.voxel.sync_batch_norm` (one all_gather in the forward, one all_reduce in the backward,
+    no host read).
     Otherwise (evaluation, one rank, no process group) it is BatchNorm, fused op included.
     `module` stays a `torch.nn.BatchNorm1d`, so the state_dict is BatchNorm's (checkpoints move
     between the two unchanged) and DistributedDataParallel takes the model on CPU too. Every rank
@@ -31,26 +31,9 @@ class SyncBatchNorm(BatchNorm):
     def normalise(self, feats: torch.Tensor, relu: bool) -> torch.Tensor:
         bn = self._modules["module"]
         if bn.training and sync_group(self.process_group)[1] > 1:
-            if feats.is_cuda:
-                out = self._torch_sync_batch_norm(bn)(feats)
-            else:
-                out = sync_batch_norm(feats, bn, self.process_group)
+            out = sync_batch_norm(feats, bn, self.process_group)
             return torch.relu(out) if relu else out
         return super().normalise(feats, relu)
-
-    def _torch_sync_batch_norm(self, bn: nn.BatchNorm1d) -> nn.SyncBatchNorm:
-        """A torch SyncBatchNorm over `bn`'s own parameters and statistics: it shares bn's parameter
-        and buffer dicts, so `.to()`, `load_state_dict` and the optimizer act on one set of tensors.
-        Kept outside the module tree (no second state_dict entry, no GPU-only layer for DDP to
-        refuse in a CPU model); mode, momentum, eps and group are read from this layer per call."""
-        twin = self.__dict__.get("_torch_twin")
-        if twin is None or twin._parameters is not bn._parameters or twin._buffers is not bn._buffers:
-            twin = nn.SyncBatchNorm(bn.num_features, affine=bn.affine, device="meta")
-            twin._parameters, twin._buffers = bn._parameters, bn._buffers
-            self.__dict__["_torch_twin"] = twin
-        twin.training, twin.momentum, twin.eps = bn.training, bn.momentum, bn.eps
-        twin.track_running_stats, twin.process_group = bn.track_running_stats, self.process_group
-        return twin
 
 
 def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:

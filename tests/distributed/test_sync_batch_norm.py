@@ -114,10 +114,35 @@ def test_sync_batchnorm_matches_concatenated_batch_gloo():
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_sync_batchnorm_matches_concatenated_batch_nccl():
-    # torch's converter runs torch's SyncBatchNorm kernels; the reference runs relconv's fused op.
+    # both converters run relconv's collectives over torch's CUDA BatchNorm kernels; the
+    # reference runs relconv's fused op.
     results = run_ranks(synchronised, 2, "cuda", backend="nccl")
     for converter in CONVERTERS:
         _check([r[converter] for r in results], "cuda")
+
+
+def _training_step_without_host_reads(rank: int, world: int) -> bool:
+    model = convert_sync_batchnorm(_model(0.1, True)).cuda().train()
+    feats, grad = _batch(8 * world, 0, "cuda")
+    x = feats[8 * rank : 8 * (rank + 1)].clone().requires_grad_(True)
+    coords = torch.zeros(len(x), 4, dtype=torch.int32, device="cuda")
+    coords[:, 1] = torch.arange(len(x), device="cuda")
+    vt = VoxelTensor(x, coords)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(vt).feats.backward(grad[8 * rank : 8 * (rank + 1)])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return bool(torch.isfinite(x.grad).all())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_sync_batchnorm_training_step_never_reads_the_device_nccl():
+    """torch's SyncBatchNorm reads the gathered counts back every layer; relconv's keeps them on
+    the device, so the host never waits for a collective."""
+    assert run_ranks(_training_step_without_host_reads, 2, backend="nccl") == [True, True]
 
 
 def test_convert_sync_batchnorm_keeps_parameters_and_state_dict():
