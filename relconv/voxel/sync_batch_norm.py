@@ -6,8 +6,9 @@ squared deviations, count) and merges them on the device (Chan et al.'s pairwise
 large means and for ranks with different row counts, empty ranks included); the backward all-reduces
 (sum dy, sum dy * (x - mean)) so that every rank's input gradient is that of the global batch. The
 weight and bias gradients stay local, as in torch: DistributedDataParallel averages them with the
-other parameters. On CUDA the per-rank work runs torch's BatchNorm kernels (`batch_norm_stats`,
-`batch_norm_elemt`, `batch_norm_backward_reduce`, `batch_norm_backward_elemt`); unlike
+other parameters. On CUDA it runs torch's SyncBatchNorm kernels (`batch_norm_stats`,
+`batch_norm_gather_stats_with_counts`, `batch_norm_elemt`, `batch_norm_backward_reduce`,
+`batch_norm_backward_elemt`); unlike
 `torch.nn.SyncBatchNorm` it never reads the device back (that one reads the gathered counts once a
 layer to drop empty ranks), so the host keeps queueing work while the collectives run. It serves
 CPU ranks under gloo too, which torch's SyncBatchNorm refuses. `relconv.voxel.SyncBatchNorm` and
@@ -66,62 +67,77 @@ def sync_batch_norm(feats: Tensor, bn: nn.Module, process_group=None) -> Tensor:
 class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, group, world):
-        n, c = x.shape
-        mean, var = _local_stats(x, eps)
-        local = torch.cat([mean.double(), var.double() * n, mean.new_full((1,), n, dtype=torch.float64)])
-        stats = _all_gather_rows(local, world, group)
-        means, m2s, counts = stats[:, :c], stats[:, c : 2 * c], stats[:, 2 * c :]
-        # The global count stays on the device: a host read per layer would drain the launch queue
-        # of every rank at every BatchNorm (torch's SyncBatchNorm reads it to drop empty ranks).
-        # Only a rank with fewer than two rows of its own reads it, since only then can the whole
-        # group hold fewer than two.
-        total = counts.sum()
-        if n < 2 and float(total) < 2:
-            raise ValueError(f"Expected more than 1 value per channel when training, got {int(total)}")
-        g_mean = (counts * means).sum(0) / total
-        g_m2 = (m2s + counts * (means - g_mean) ** 2).sum(0)
-        if running_mean is not None:
-            running_mean.mul_(1.0 - momentum).add_(g_mean.to(running_mean.dtype), alpha=momentum)
-            unbiased = (g_m2 / (total - 1)).to(running_var.dtype)
-            running_var.mul_(1.0 - momentum).add_(unbiased, alpha=momentum)
-        mean32 = g_mean.float()
-        invstd = torch.rsqrt((g_m2 / total).float() + eps)
-        ctx.save_for_backward(x, weight, mean32, invstd, counts.view(-1))
+        x = x.contiguous()
+        global_stats = _global_stats_cuda if x.is_cuda else _global_stats_exact
+        mean, invstd, counts = global_stats(x, running_mean, running_var, eps, momentum, group, world)
+        ctx.save_for_backward(x, weight, mean, invstd, counts)
         ctx.group = group
-        return _normalise(x, weight, bias, mean32, invstd, eps)
+        return _normalise(x, weight, bias, mean, invstd, eps)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, invstd, counts = ctx.saved_tensors
-        dy = dy.contiguous()
-        sum_dy, sum_dy_xmu = _grad_sums(dy, x, mean)
-        grad_x = grad_w = grad_b = None
+        needs_w = weight is not None and ctx.needs_input_grad[1]
+        needs_b = weight is not None and ctx.needs_input_grad[2]
+        sum_dy, sum_dy_xmu, grad_w, grad_b = _grad_sums(dy.contiguous(), x, weight, mean, invstd, needs_w, needs_b)
+        grad_x = None
         if ctx.needs_input_grad[0]:
             both = torch.cat([sum_dy, sum_dy_xmu])
             dist.all_reduce(both, group=ctx.group)
-            grad_x = _grad_input(dy, x, weight, mean, invstd, *both.chunk(2), counts)
-        if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = (sum_dy_xmu * invstd).to(weight.dtype)
-        if weight is not None and ctx.needs_input_grad[2]:
-            grad_b = sum_dy.to(weight.dtype)
+            grad_x = _grad_input(dy.contiguous(), x, weight, mean, invstd, *both.chunk(2), counts)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
-# Per-rank pieces. On CUDA they are torch's BatchNorm kernels for [N, C] input (one kernel each,
-# any float dtype in, float32 statistics out); elsewhere the same arithmetic in float32.
+# The global count stays on the device: a host read per layer would drain the launch queue of every
+# rank at every BatchNorm (torch's SyncBatchNorm reads the counts to drop empty ranks). Only a rank
+# with fewer than two rows of its own reads it, since only then can the whole group hold fewer.
+def _check_total(n: int, counts: Tensor) -> None:
+    if n < 2 and float(counts.sum()) < 2:
+        raise ValueError(f"Expected more than 1 value per channel when training, got {int(counts.sum())}")
 
 
-def _local_stats(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """Float32 mean and biased variance per channel of x [N, C]; zeros for an empty rank, which
-    still joins the collective with zero weight in the merge."""
-    if not len(x):
-        zeros = x.new_zeros(x.shape[1], dtype=torch.float32)
-        return zeros, zeros
-    if x.is_cuda:
+def _global_stats_cuda(x, running_mean, running_var, eps, momentum, group, world):
+    """(mean, invstd, per-rank counts) of the group's rows, running statistics updated, in torch's
+    CUDA BatchNorm kernels: a few launches and one all_gather a layer, as few as the host can queue."""
+    n, c = x.shape
+    if n:
         mean, invstd = torch.batch_norm_stats(x, eps)
-        return mean, invstd.pow(-2) - eps
-    var, mean = torch.var_mean(x.float(), 0, correction=0)
-    return mean, var
+    else:  # an empty rank joins the collective with zero weight
+        mean, invstd = x.new_zeros(c, dtype=torch.float32), x.new_ones(c, dtype=torch.float32)
+    stats = _all_gather_rows(torch.cat([mean, invstd, mean.new_full((1,), n)]), world, group)
+    counts = stats[:, 2 * c]
+    _check_total(n, counts)
+    # The merge kernel folds the ranks one by one with weight count / (rows so far + count): a tiny
+    # count keeps an empty first rank from 0 / 0 and still weighs it at nothing.
+    weights = counts.clamp_min(1e-30)
+    if running_mean is not None:
+        weights = weights.to(running_mean.dtype)
+    mean, invstd = torch.batch_norm_gather_stats_with_counts(
+        x, stats[:, :c], stats[:, c : 2 * c], running_mean, running_var, momentum, eps, weights
+    )
+    return mean, invstd, counts
+
+
+def _global_stats_exact(x, running_mean, running_var, eps, momentum, group, world):
+    """The same in float64 tensor arithmetic (Chan et al.'s merge of per-rank mean and squared
+    deviations), for devices without torch's SyncBatchNorm kernels."""
+    n, c = x.shape
+    if n:
+        var, mean = torch.var_mean(x.float(), 0, correction=0)
+    else:
+        var = mean = x.new_zeros(c, dtype=torch.float32)
+    local = torch.cat([mean.double(), var.double() * n, mean.new_full((1,), n, dtype=torch.float64)])
+    stats = _all_gather_rows(local, world, group)
+    means, m2s, counts = stats[:, :c], stats[:, c : 2 * c], stats[:, 2 * c :]
+    _check_total(n, counts)
+    total = counts.sum()
+    g_mean = (counts * means).sum(0) / total
+    g_m2 = (m2s + counts * (means - g_mean) ** 2).sum(0)
+    if running_mean is not None:
+        running_mean.mul_(1.0 - momentum).add_(g_mean.to(running_mean.dtype), alpha=momentum)
+        unbiased = (g_m2 / (total - 1)).to(running_var.dtype)
+        running_var.mul_(1.0 - momentum).add_(unbiased, alpha=momentum)
+    return g_mean.float(), torch.rsqrt((g_m2 / total).float() + eps), counts.view(-1)
 
 
 def _all_gather_rows(local: Tensor, world: int, group) -> Tensor:
@@ -135,6 +151,10 @@ def _all_gather_rows(local: Tensor, world: int, group) -> Tensor:
     return out
 
 
+# Per-rank pieces: torch's BatchNorm kernels on CUDA ([N, C] input of any float dtype, float32
+# statistics), the same arithmetic in float32 elsewhere.
+
+
 def _normalise(x: Tensor, weight, bias, mean: Tensor, invstd: Tensor, eps: float) -> Tensor:
     if x.is_cuda:
         return torch.batch_norm_elemt(x, weight, bias, mean, invstd, eps) if len(x) else torch.empty_like(x)
@@ -142,17 +162,16 @@ def _normalise(x: Tensor, weight, bias, mean: Tensor, invstd: Tensor, eps: float
     return (xhat if weight is None else xhat * weight.float() + bias.float()).to(x.dtype)
 
 
-def _grad_sums(dy: Tensor, x: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
-    """Float32 (sum of dy, sum of dy * (x - mean)) per channel over this rank's rows."""
-    if not len(x):
-        zeros = mean.new_zeros(x.shape[1])
-        return zeros, zeros
-    if x.is_cuda:
-        ones = torch.ones_like(mean)  # the sums do not depend on invstd or weight
-        sum_dy, sum_dy_xmu, _, _ = torch.batch_norm_backward_reduce(dy, x, mean, ones, None, True, False, False)
-        return sum_dy, sum_dy_xmu
+def _grad_sums(dy, x, weight, mean, invstd, needs_w: bool, needs_b: bool):
+    """(sum of dy, sum of dy * (x - mean), weight gradient, bias gradient) over this rank's rows;
+    the two sums in float32, the gradients None where not needed."""
+    if x.is_cuda and len(x):
+        return torch.batch_norm_backward_reduce(dy, x, mean, invstd, weight, True, needs_w, needs_b)
     dyf = dy.float()
-    return dyf.sum(0), (dyf * (x.float() - mean)).sum(0)
+    sum_dy, sum_dy_xmu = dyf.sum(0), (dyf * (x.float() - mean)).sum(0)
+    grad_w = (sum_dy_xmu * invstd).to(weight.dtype) if needs_w else None
+    grad_b = sum_dy.to(weight.dtype) if needs_b else None
+    return sum_dy, sum_dy_xmu, grad_w, grad_b
 
 
 def _grad_input(dy, x, weight, mean, invstd, sum_dy, sum_dy_xmu, counts) -> Tensor:
