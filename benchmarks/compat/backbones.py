@@ -89,7 +89,8 @@ def use_library(family: str, library: str) -> str:
             f"the real {family} is not importable ({type(err).__name__}: {err}); "
             "on the GPU host run `source benchmarks/peers/activate.sh` first"
         ) from None
-    if "relconv" in (getattr(real, "__file__", "") or ""):
+    shim_dir = Path(importlib.import_module("relconv").__file__).resolve().parent
+    if shim_dir in Path(getattr(real, "__file__", None) or "/").resolve().parents:
         raise HarnessError(f"`import {family}` resolves to relconv's shim, not the real library")
     top = sys.modules[family]
     return f"{family} {getattr(top, '__version__', '?')} ({Path(top.__file__).parent})"
