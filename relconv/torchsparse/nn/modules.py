@@ -3,6 +3,8 @@
 The norms and activations are torch's own modules applied to `feats`, so their parameters,
 buffers and state_dict keys are TorchSparse's (which subclasses the same torch modules).
 On CUDA, `BatchNorm` runs relconv's fused `batch_norm_act` op, as relconv's own voxel layers do.
+With autograd off, an eval-mode `BatchNorm` and a `ReLU` applied to a conv's output fold into that
+conv (`relconv.torchsparse.nn.functional.pending`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import Tensor, nn
 
 from relconv.ops import batch_norm_act
 from relconv.torchsparse.nn.functional import global_avg_pool, global_max_pool, spcrop
+from relconv.torchsparse.nn.functional.pending import PendingConv
 from relconv.torchsparse.tensor import SparseTensor
 
 __all__ = [
@@ -37,6 +40,10 @@ def _sparse(input: object) -> SparseTensor:
 
 class ReLU(nn.ReLU):
     def forward(self, input: SparseTensor) -> SparseTensor:
+        if type(input) is PendingConv:  # becomes the conv's epilogue where it can
+            folded = input.with_relu()
+            if folded is not None:
+                return folded
         x = _sparse(input)
         return x._like(super().forward(x.feats))
 
@@ -66,6 +73,10 @@ class BatchNorm(nn.BatchNorm1d):
     statistics rules (running statistics read in eval, updated in training when tracked)."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:
+        if type(input) is PendingConv:  # folds into the conv where it can (eval, no autograd)
+            folded = input.with_norm(self)
+            if folded is not None:
+                return folded
         x = _sparse(input)
         feats = x.feats
         if not feats.is_cuda or self.momentum is None:

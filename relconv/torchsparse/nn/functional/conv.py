@@ -29,9 +29,11 @@ from torch import Tensor, nn
 from relconv.torchsparse._layout import Geometry, relconv_geometry, to_relconv
 from relconv.torchsparse._layout import torchsparse_lows_cached as torchsparse_lows
 from relconv.torchsparse.nn.functional.conv_config import map_modes
+from relconv.torchsparse.nn.functional.pending import PendingConv
 from relconv.torchsparse.tensor import SparseTensor, TensorCache, get_allow_negative_coordinates, make_ntuple
 from relconv.voxel import MapCache, PreparedCalls, VoxelTensor
 from relconv.voxel import conv3d as voxel_conv3d
+from relconv.voxel.nn import inference_folding_enabled
 
 __all__ = ["conv3d"]
 
@@ -156,13 +158,14 @@ def run_conv(
     transposed: bool,
     modes: tuple[bool, bool],
     runs: Runs | None,
+    activation: str | None = None,
 ) -> SparseTensor:
     """One conv on validated, normalised arguments (`modes`: `conv_config.map_modes`; `runs`: the
-    calling module's layers)."""
+    calling module's layers; `activation`: None or "relu", after the bias)."""
     if k == (1, 1, 1) and s == (1, 1, 1):
         w = weight if weight.dim() == 2 else _single_offset(weight)
         feats = x.feats @ w if bias is None else torch.addmm(bias, x.feats, w)
-        out = x._like(feats)
+        out = x._like(feats.relu_() if activation == "relu" else feats)
         if out.stride not in x._caches.cmaps:
             x._caches.cmaps[out.stride] = (out.coords, out.spatial_range)
         return out
@@ -187,7 +190,9 @@ def run_conv(
         geometry, calls = relconv_geometry(k, lows), None
         index = None if geometry.index is None else torch.tensor(geometry.index, device=weight.device)
         weight = to_relconv(weight, geometry, index)
-    out = voxel_conv3d(vt, weight, geometry.size, stride=s, bias=bias, transposed=transposed, prepared=calls)
+    out = voxel_conv3d(
+        vt, weight, geometry.size, stride=s, bias=bias, transposed=transposed, activation=activation, prepared=calls
+    )
     return _wrap(out, out_ts, out_range, caches, hint)
 
 
@@ -440,15 +445,22 @@ class Conv3d(nn.Module):
             raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
         if self.generative:
             raise NotImplementedError(GENERATIVE_MESSAGE)
+        if not torch.is_grad_enabled() and inference_folding_enabled():
+            return PendingConv(self, input)  # a following eval BatchNorm and ReLU join the conv
         params = self._parameters
+        return self.run(input, params["kernel"], params["bias"])
+
+    def run(self, input: SparseTensor, kernel: Tensor, bias: Tensor | None, activation: str | None = None):
+        """This layer's conv of `input` with `kernel` and `bias` in its own layout (its parameters,
+        or their BatchNorm-folded form) and an optional "relu" epilogue."""
         runs = self._runs
         if runs.owner() is not self:
             runs = self._runs = Runs(self)
         modes = map_modes(self._config)
         return run_conv(
             input,
-            params["kernel"],
-            params["bias"],
+            kernel,
+            bias,
             self.kernel_size,
             self.stride,
             self.padding,
@@ -456,4 +468,5 @@ class Conv3d(nn.Module):
             self.transposed,
             modes,
             runs,
+            activation,
         )
