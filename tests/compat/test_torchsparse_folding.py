@@ -80,6 +80,15 @@ def test_pending_output_behaves_as_a_sparse_tensor():
         assert torch.equal(late.F, torch.zeros_like(want.F)) and torch.equal(late.C, want.C)
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
         out.missing
+    # a conv output that has run: BatchNorm applies on its own
+    torch.testing.assert_close(block[1](out).F, block[1](want).F, rtol=1e-12, atol=1e-12)
+
+
+def test_deferred_conv_runs_without_autograd_when_used_with_it_on():
+    block, x = _block(), _scene()
+    with torch.no_grad():
+        out = block(x)
+    assert not out.F.requires_grad  # used outside no_grad, computed as it was called
 
 
 def test_input_changed_in_place_before_the_conv_runs_is_refused():

@@ -16,6 +16,8 @@ changed values.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -23,20 +25,24 @@ from relconv.torchsparse.tensor import SparseTensor
 from relconv.voxel.fold import FoldCache
 
 
+class _Call(NamedTuple):
+    conv: nn.Module
+    input: SparseTensor
+    version: int  # of the input's features when the conv was called
+    norm: nn.BatchNorm1d | None
+    relu: bool
+    autocast: tuple[str, bool, torch.dtype]  # (device type, enabled, dtype) at the call
+
+
 class PendingConv(SparseTensor):
     """The output of `conv(input)` before the conv has run; see the module docstring."""
 
-    def __init__(
-        self,
-        conv: nn.Module,
-        input: SparseTensor,
-        version: int | None = None,
-        norm: nn.BatchNorm1d | None = None,
-        relu: bool = False,
-    ) -> None:
+    def __init__(self, conv: nn.Module, input: SparseTensor) -> None:
         # A plain SparseTensor's state appears in __dict__ only when the conv runs (`_run`).
-        version = input.feats._version if version is None else version
-        object.__setattr__(self, "_pending", (conv, input, version, norm, relu))
+        feats = input.feats
+        device = feats.device.type
+        autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        object.__setattr__(self, "_pending", _Call(conv, input, feats._version, None, False, autocast))
 
     def __getattr__(self, name: str):
         # Reached only for names not yet in __dict__: before the run, the SparseTensor's state.
@@ -51,43 +57,47 @@ class PendingConv(SparseTensor):
         object.__setattr__(self, name, value)
 
     def with_norm(self, norm: nn.BatchNorm1d) -> PendingConv | None:
-        """This conv with `norm` folded in, or None where it cannot fold: `norm` normalises by batch
-        statistics, has none, autograd is recording, or a norm or ReLU is already in."""
-        conv, input, version, old_norm, relu = self._pending_state()
-        if old_norm is not None or relu or norm.training or norm.running_mean is None:
+        """This conv with `norm` folded in, or None where it cannot fold: the conv has run, `norm`
+        normalises by batch statistics or has none, autograd is recording, or a norm or ReLU is
+        already in."""
+        call = self.__dict__.get("_pending")
+        if call is None or call.norm is not None or call.relu or torch.is_grad_enabled():
             return None
-        if torch.is_grad_enabled():
+        if norm.training or norm.running_mean is None:
             return None
-        return PendingConv(conv, input, version, norm, False)
+        return _pending(call._replace(norm=norm))
 
     def with_relu(self) -> PendingConv | None:
-        """This conv with a ReLU epilogue, or None where one is already in or autograd records."""
-        conv, input, version, norm, relu = self._pending_state()
-        if relu or torch.is_grad_enabled():
+        """This conv with a ReLU epilogue, or None where it has run, has one or autograd records."""
+        call = self.__dict__.get("_pending")
+        if call is None or call.relu or torch.is_grad_enabled():
             return None
-        return PendingConv(conv, input, version, norm, True)
-
-    def _pending_state(self) -> tuple:
-        state = self.__dict__.get("_pending")
-        if state is None:
-            raise RuntimeError("this conv output has already run")
-        return state
+        return _pending(call._replace(relu=True))
 
     def _run(self) -> None:
-        conv, input, version, norm, relu = self.__dict__["_pending"]
-        if input.feats._version != version:
+        call = self.__dict__["_pending"]
+        input, norm = call.input, call.norm
+        if input.feats._version != call.version:
             raise RuntimeError(
                 "the input of a deferred relconv.torchsparse conv was modified in place before the conv "
                 "ran; modify a copy instead, or run without inference folding "
                 "(relconv.voxel.inference_folding(False))"
             )
-        kernel, bias = conv.kernel, conv.bias
-        if norm is not None:
-            cache = norm.__dict__.get("_relconv_fold")
-            if cache is None:
-                cache = norm.__dict__["_relconv_fold"] = FoldCache()
-            kernel, bias = cache.get_tensors(kernel, bias, 1, norm, input.feats)
-        out = conv.run(input, kernel, bias, "relu" if relu else None)
+        device, enabled, dtype = call.autocast
+        # The conv runs as it would have at its call: without autograd, under the same autocast.
+        with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+            kernel, bias = call.conv.kernel, call.conv.bias
+            if norm is not None:
+                cache = norm.__dict__.get("_relconv_fold")
+                if cache is None:
+                    cache = norm.__dict__["_relconv_fold"] = FoldCache()
+                kernel, bias = cache.get_tensors(kernel, bias, 1, norm, input.feats)
+            out = call.conv.run(input, kernel, bias, "relu" if call.relu else None)
         del self.__dict__["_pending"]
         self.__dict__.update(out.__dict__)
 
+
+def _pending(call: _Call) -> PendingConv:
+    out = PendingConv.__new__(PendingConv)
+    object.__setattr__(out, "_pending", call)
+    return out
