@@ -3,9 +3,11 @@
     python -m benchmarks.compat.child parity BACKBONE LIBRARY OUT.pt [--state STATE.pt] ...
     python -m benchmarks.compat.child speed BACKBONE LIBRARY OUT.json ...
 
-fp16 is mixed precision as the libraries' users run it: fp16 input features under
+fp16 is as the libraries' users run it: training is mixed precision, fp16 input features under
 `torch.autocast` with fp32 parameters (TorchSparse's convs follow their fp16 operands, spconv's and
-relconv's follow autocast). fp32 is exact fp32 (TF32 off everywhere). fp64 (the shim only: relconv
+relconv's follow autocast); inference runs a half-precision copy of the model (`model.half()`) on
+fp16 features, as spconv's and TorchSparse's users deploy (spconv 2.3's inference path finds no
+kernel for fp32 weights with fp16 features under autocast). fp32 is exact fp32 (TF32 off everywhere). fp64 (the shim only: relconv
 runs float64) converts the model and features to float64, the accuracy reference of parity.py.
 
 `parity` runs, per dtype, a training-mode forward and the backward of a fixed projection of every
@@ -107,6 +109,23 @@ def precision(name: str, device: torch.device):
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def inference_precision(side: Side, name: str):
+    """The context an inference of dtype `name` runs in (see the module docstring); the model's
+    parameters and buffers are restored on exit."""
+    if name != "fp16":
+        with precision(name, side.device):
+            yield
+        return
+    state = {k: v.detach().clone() for k, v in side.model.state_dict().items()}
+    side.model.half()
+    try:
+        yield
+    finally:
+        side.model.float()
+        side.model.load_state_dict(state)
+
+
 def _cpu(outputs) -> dict:
     return {k: (c.detach().cpu().long(), f.detach().cpu().float()) for k, (c, f) in outputs.items()}
 
@@ -137,7 +156,7 @@ def parity(side: Side, dtypes: list[str], state_in: Path | None, out: Path) -> N
         }
         side.model.load_state_dict({k: v.clone() for k, v in initial.items()})
         side.model.eval()
-        with torch.no_grad(), precision(name, side.device):
+        with torch.no_grad(), inference_precision(side, name):
             infer = {"outputs": _cpu(side.run(side.features(dtype, requires_grad=False)))}
         result["dtypes"][name] = {"train": train, "infer": infer}
     torch.save(result, out)
@@ -149,8 +168,8 @@ def speed(side: Side, dtypes: list[str], config: TimingConfig, out: Path) -> Non
         dtype = DTYPES[name]
         inputs = [side.features(dtype, requires_grad=False) for _ in range(2)]
 
-        def infer(f, name=name):
-            with torch.no_grad(), precision(name, side.device):
+        def infer(f):
+            with torch.no_grad():
                 return side.run(f)
 
         def train(f, name=name):
@@ -161,8 +180,10 @@ def speed(side: Side, dtypes: list[str], config: TimingConfig, out: Path) -> Non
 
         for phase, fn, training in (("inference", infer, False), ("training", train, True)):
             side.model.train(training)
+            context = inference_precision(side, name) if phase == "inference" else contextlib.nullcontext()
             try:
-                t = measure(fn, inputs, side.device, config)
+                with context:
+                    t = measure(fn, inputs, side.device, config)
                 row = {"latency_ms": t.latency_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms}
                 row.update(throughput_ms=t.throughput_ms, runs=t.runs, peak_mem_mib=t.peak_mem_mib)
             except Exception as err:  # one failing case must not hide the others' times

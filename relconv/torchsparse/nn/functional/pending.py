@@ -76,25 +76,38 @@ class PendingConv(SparseTensor):
 
     def _run(self) -> None:
         call = self.__dict__["_pending"]
-        input, norm = call.input, call.norm
-        if input.feats._version != call.version:
+        if call.input.feats._version != call.version:
             raise RuntimeError(
                 "the input of a deferred relconv.torchsparse conv was modified in place before the conv "
                 "ran; modify a copy instead, or run without inference folding "
                 "(relconv.voxel.inference_folding(False))"
             )
         device, enabled, dtype = call.autocast
-        # The conv runs as it would have at its call: without autograd, under the same autocast.
-        with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
-            kernel, bias = call.conv.kernel, call.conv.bias
-            if norm is not None:
-                cache = norm.__dict__.get("_relconv_fold")
-                if cache is None:
-                    cache = norm.__dict__["_relconv_fold"] = FoldCache()
-                kernel, bias = cache.get_tensors(kernel, bias, 1, norm, input.feats)
-            out = call.conv.run(input, kernel, bias, "relu" if call.relu else None)
+        if torch.is_grad_enabled() or _autocast(device) != (enabled, dtype if enabled else None):
+            # Used elsewhere than called: the conv runs as it would have at its call.
+            with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+                out = _conv(call)
+        else:
+            out = _conv(call)
         del self.__dict__["_pending"]
         self.__dict__.update(out.__dict__)
+
+
+def _autocast(device: str) -> tuple[bool, torch.dtype | None]:
+    enabled = torch.is_autocast_enabled(device)
+    return enabled, torch.get_autocast_dtype(device) if enabled else None
+
+
+def _conv(call: _Call) -> SparseTensor:
+    conv, norm = call.conv, call.norm
+    params = conv._parameters
+    kernel, bias = params["kernel"], params["bias"]
+    if norm is not None:
+        cache = norm.__dict__.get("_relconv_fold")
+        if cache is None:
+            cache = norm.__dict__["_relconv_fold"] = FoldCache()
+        kernel, bias = cache.get_tensors(kernel, bias, 1, norm, call.input.feats)
+    return conv.run(call.input, kernel, bias, "relu" if call.relu else None)
 
 
 def _pending(call: _Call) -> PendingConv:
