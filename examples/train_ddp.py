@@ -163,12 +163,11 @@ def all_ranks(obj, world: int) -> list:
     return out
 
 
-def global_sum(value: float, world: int, device: torch.device) -> float:
-    if world == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t)
+def global_total(value: torch.Tensor, world: int) -> torch.Tensor:
+    """The sum over ranks of a float64 scalar tensor, left on the device (no host read)."""
+    if world > 1:
+        dist.all_reduce(value)
+    return value
 
 
 def rule_choices() -> list:
@@ -274,8 +273,8 @@ class VoxelTask:
         for b in range(skip, self.steps_per_epoch):
             yield [self.data[i] for i in order[b * self.per_rank : (b + 1) * self.per_rank]], epoch
 
-    def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, float, int]:
-        """(loss to backpropagate, this rank's summed loss, this rank's point count)."""
+    def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
+        """(this rank's summed loss, this rank's point count)."""
         from relconv.voxel import collate, devoxelize, voxelize
 
         samples, epoch = batch
@@ -290,8 +289,7 @@ class VoxelTask:
             offset += len(v.tensor)
         logits = devoxelize(model(collate(voxels)), torch.cat(point_rows))
         target = torch.cat(labels)
-        summed = summed_cross_entropy(logits, target)
-        return summed, float(summed.detach()), target.numel()
+        return summed_cross_entropy(logits, target), target.numel()
 
 
 # ---------------------------------------------------------------------------- R-GCN task
@@ -367,7 +365,7 @@ class GraphTask:
             if b >= skip:
                 yield sub
 
-    def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, float, int]:
+    def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
         if batch is None:
             logits = model(torch.arange(self.num_nodes, device=self.device), self.edge_index, self.edge_type)
             nodes = self.shard
@@ -376,8 +374,7 @@ class GraphTask:
             sub = batch.to(self.device)
             logits = model(sub.n_id, sub.edge_index, sub.edge_type)[: sub.batch_size]
             nodes = sub.n_id[: sub.batch_size]
-        summed = summed_cross_entropy(logits, self.labels[nodes])
-        return summed, float(summed.detach()), nodes.numel()
+        return summed_cross_entropy(logits, self.labels[nodes]), nodes.numel()
 
 
 # ---------------------------------------------------------------------------- training loop
@@ -463,15 +460,17 @@ def train(argv: list[str] | None = None) -> dict:
             if args.profile is not None and profiler is None and step >= args.steps - args.profile_steps:
                 profiler = start_profiler(device)
             t0 = time.perf_counter()
-            summed, local_sum, local_count = task.loss(wrapped, batch)
-            count = global_sum(local_count, world, device)
+            summed, local_count = task.loss(wrapped, batch)
+            # The global count and the loss stay on the device until the step's end: a host read
+            # before the backward would stall the queue and hold every rank to the slowest.
+            count = global_total(torch.full((), local_count, dtype=torch.float64, device=device), world)
             optimizer.zero_grad(set_to_none=True)
             (summed * (world / count)).backward()  # DDP divides by world: the global mean's gradient
             optimizer.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t0)
-            losses.append(global_sum(local_sum, world, device) / count)
+            losses.append(float(global_total(summed.detach().double(), world) / count))
             step += 1
             if rank == 0:
                 print(f"step {step:5d}  loss {losses[-1]:.6f}  {times[-1] * 1e3:.1f} ms", flush=True)

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from relconv.voxel.kernel_map import bounds, make_packing
+from relconv.voxel.kernel_map import make_packing
 from relconv.voxel.tensor import VoxelTensor
 
 
@@ -46,9 +46,7 @@ def voxelize(
     reducer = {"mean": "mean", "sum": "sum", "max": "amax"}.get(reduce)
     if reducer is None:
         raise ValueError(f"reduce must be 'mean', 'sum' or 'max', got {reduce!r}")
-    size = torch.as_tensor(voxel_size, dtype=torch.float64, device=points.device).reshape(-1)
-    if size.numel() not in (1, 3) or not bool((size > 0).all()):
-        raise ValueError(f"voxel_size must be one positive float or three, got {voxel_size!r}")
+    size = _voxel_size(voxel_size)
     n = points.shape[0]
     feats = points if feats is None else feats
     if not isinstance(feats, Tensor) or feats.dim() != 2 or feats.shape[0] != n:
@@ -61,13 +59,11 @@ def voxelize(
         raise ValueError(f"batch must be an integer tensor of shape [{n}], got {_what(batch)}")
     elif batch.device != points.device:
         raise ValueError(f"batch is on {batch.device} but points is on {points.device}")
-    grid = torch.floor(points.to(torch.float64) / size)
-    if n and not bool(torch.isfinite(grid).all()):
-        raise ValueError("points contain NaN or infinite values")
-    if n and float(grid.abs().max()) >= 2**31:
-        raise ValueError("points / voxel_size leaves the int32 coordinate range; use a larger voxel_size")
+    p = points.to(torch.float64)
+    # Python scalars divide without a host-to-device copy (a blocking copy waits for the GPU).
+    grid = torch.floor(p / size[0] if len(size) == 1 else torch.stack([p[:, a] / size[a] for a in range(3)], 1))
     coords = torch.cat([batch.long().unsqueeze(1), grid.long()], 1)
-    lo, hi = bounds(coords)
+    lo, hi = _checked_bounds(grid, coords)
     packing = make_packing(lo, hi, (0, 0, 0))
     keys, inverse = torch.unique(packing.pack(coords), sorted=True, return_inverse=True)
     index = inverse.unsqueeze(1).expand(n, feats.shape[1])
@@ -96,9 +92,40 @@ def collate(samples: Sequence[VoxelTensor]) -> VoxelTensor:
         if s.stride != samples[0].stride or s.device != samples[0].device:
             raise ValueError(f"samples[{i}] differs from samples[0] in stride or device")
     coords = torch.cat([s.coords for s in samples])
-    sizes = torch.tensor([len(s) for s in samples], device=coords.device)
-    coords[:, 0] = torch.repeat_interleave(torch.arange(len(samples), device=coords.device), sizes).int()
+    start = 0
+    for i, s in enumerate(samples):  # fills of host-known row ranges: nothing is read back
+        coords[start : start + len(s), 0] = i
+        start += len(s)
     return VoxelTensor(torch.cat([s.feats for s in samples]), coords, samples[0].stride)
+
+
+def _voxel_size(voxel_size) -> list[float]:
+    """The voxel edge lengths as Python floats (one or three, all > 0); read from the host, so a
+    voxel size given as numbers costs no device read."""
+    try:
+        values = torch.as_tensor(voxel_size, dtype=torch.float64).reshape(-1).tolist()
+    except (TypeError, ValueError, RuntimeError):
+        values = []
+    if len(values) not in (1, 3) or not all(v > 0 and v < float("inf") for v in values):
+        raise ValueError(f"voxel_size must be one positive float or three, got {voxel_size!r}")
+    return values
+
+
+def _checked_bounds(grid: Tensor, coords: Tensor) -> tuple[list[int], list[int]]:
+    """Per-column min and max of coords [N, 4] (batch, grid cells), after checking that the grid
+    cells are finite and fit int32: one read of the device for all of it."""
+    if not len(grid):
+        return [0, 0, 0, 0], [0, 0, 0, 0]
+    finite = torch.isfinite(grid).all().to(torch.float64).reshape(1)
+    g_lo, g_hi = torch.aminmax(grid, dim=0)
+    b_lo, b_hi = torch.aminmax(coords[:, 0], dim=0)
+    read = torch.cat([finite, b_lo.reshape(1).double(), g_lo, b_hi.reshape(1).double(), g_hi]).tolist()
+    if not read[0]:
+        raise ValueError("points contain NaN or infinite values")
+    lo, hi = read[1:5], read[5:9]
+    if max(abs(v) for v in lo[1:] + hi[1:]) >= 2**31:
+        raise ValueError("points / voxel_size leaves the int32 coordinate range; use a larger voxel_size")
+    return [int(v) for v in lo], [int(v) for v in hi]
 
 
 def _what(t: object) -> str:

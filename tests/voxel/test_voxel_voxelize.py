@@ -1,5 +1,7 @@
 """voxelize / devoxelize / collate against a NumPy reference; VoxelTensor conversions."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -80,3 +82,34 @@ def test_synthetic_scans_are_deterministic():
     assert 0.0 <= i1.min() and i1.max() <= 1.0
     pts, col = indoor_room(seed=1, num_points=2000)
     assert pts.shape == (2000, 3) and col.shape == (2000, 3)
+
+
+@pytest.mark.cuda
+def test_cuda_collate_reads_nothing_back_and_voxelize_reads_its_checks_once():
+    """collate fills host-known row ranges; voxelize reads its finiteness, range and bound checks
+    in one read, the rest being torch.unique's own sizing."""
+    from tests.conftest import no_host_sync
+
+    points = torch.rand(2000, 3, device="cuda") * 20.0
+    first = voxelize(points, 0.5).tensor
+    second = voxelize(points + 7.0, (0.5, 0.5, 1.0)).tensor
+    with no_host_sync():
+        batch = collate([first, second])
+    assert torch.equal(batch.coords[: len(first), 0], torch.zeros(len(first), dtype=batch.coords.dtype, device="cuda"))
+    assert bool((batch.coords[len(first) :, 0] == 1).all())
+    keys = torch.randint(0, 9, (2000,), device="cuda")
+    unique_reads = _sync_count(lambda: torch.unique(keys, sorted=True, return_inverse=True))
+    assert _sync_count(lambda: voxelize(points, 0.5)) == unique_reads + 1
+
+
+def _sync_count(fn) -> int:
+    """Host synchronisations that torch's sync debug mode reports during fn()."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("called a synchronizing" in str(w.message) for w in caught)
