@@ -219,7 +219,7 @@ def run_backend(backend: str, args, splits: dict, device: torch.device) -> dict:
             loss.backward()
             optimizer.step()
             schedule.step()
-            total += float(loss.detach()) * labels.numel()
+            total = total + loss.detach() * labels.numel()  # read once an epoch: no per-step sync
             count += labels.numel()
         sync()
         seconds = time.perf_counter() - t0
@@ -235,7 +235,7 @@ def run_backend(backend: str, args, splits: dict, device: torch.device) -> dict:
         history.append(
             {
                 "epoch": epoch + 1,
-                "train_loss": total / count,
+                "train_loss": float(total) / count,
                 "train_seconds": seconds,
                 "iou": dict(zip(CLASSES, ious, strict=True)),
                 "miou": sum(present) / len(present),
