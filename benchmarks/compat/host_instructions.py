@@ -1,6 +1,7 @@
 """Host instructions per cached layer call: relconv's native `Conv3d` against the same conv through
 `relconv.spconv` (`SubMConv3d`) and `relconv.torchsparse` (`nn.Conv3d`), and a stride-2 conv through
-relconv's native layer and spconv's (`SparseConv3d`, padding 1).
+relconv's native layer and spconv's (`SparseConv3d`, padding 1); and an eval-mode conv -> BatchNorm -> ReLU
+block through relconv's `Sequential` and TorchSparse's (a torch `nn.Sequential`), folded and not.
 
     python -m benchmarks.compat.host_instructions [--reps 400]
 
@@ -20,12 +21,15 @@ import subprocess
 import sys
 import tempfile
 
+import torch
+
 LAYERS = ("native", "spconv", "torchsparse", "native-strided", "spconv-strided")
+# conv -> BatchNorm -> ReLU in eval mode: relconv's Sequential and TorchSparse's nn.Sequential, both
+# folding the norm and ReLU into the conv, and TorchSparse's run layer by layer
+BLOCKS = ("native-block", "torchsparse-block", "torchsparse-block-unfolded")
 
 
-def run_layer(which: str, reps: int) -> None:
-    import torch
-
+def run_layer(which: str, reps: int) -> torch.Tensor:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     n, c = 20, 16
@@ -33,7 +37,17 @@ def run_layer(which: str, reps: int) -> None:
     coords = torch.unique(torch.cat([torch.zeros(n, 1, dtype=torch.long), xyz], 1), dim=0).int()
     feats = torch.randn(coords.shape[0], c, generator=g)
     stride = 2 if which.endswith("-strided") else 1
-    if which.startswith("native"):
+    if which == "native-block":
+        from relconv.voxel import BatchNorm, Conv3d, ReLU, Sequential, VoxelTensor
+
+        layer, x = Sequential(Conv3d(c, c, 3), BatchNorm(c), ReLU()).eval(), VoxelTensor(feats, coords)
+    elif which.startswith("torchsparse-block"):
+        import relconv.torchsparse as torchsparse
+        import relconv.torchsparse.nn as spnn
+
+        layer = torch.nn.Sequential(spnn.Conv3d(c, c, 3), spnn.BatchNorm(c), spnn.ReLU(True)).eval()
+        x = torchsparse.SparseTensor(feats, coords)
+    elif which.startswith("native"):
         from relconv.voxel import Conv3d, VoxelTensor
 
         layer, x = Conv3d(c, c, 3, stride=stride), VoxelTensor(feats, coords)
@@ -48,9 +62,14 @@ def run_layer(which: str, reps: int) -> None:
         import relconv.torchsparse.nn as spnn
 
         layer, x = spnn.Conv3d(c, c, 3), torchsparse.SparseTensor(feats, coords)
-    with torch.no_grad():
+    # The output's features are read: a TorchSparse conv without autograd runs when first used.
+    features = {"spconv": "features", "torchsparse": "F"}.get(which.split("-")[0], "feats")
+    from relconv.voxel import inference_folding
+
+    with torch.no_grad(), inference_folding(not which.endswith("-unfolded")):
         for _ in range(20 + reps):
-            layer(x)
+            out = getattr(layer(x), features)
+    return out
 
 
 def count(which: str, reps: int) -> int:
@@ -74,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         run_layer(args.child[0], int(args.child[1]))
         return 0
     per_call = {}
-    for which in LAYERS:
+    for which in LAYERS + BLOCKS:
         per_call[which] = (count(which, args.reps) - count(which, 0)) / args.reps
-    for which in LAYERS:
-        native = "native-strided" if which.endswith("-strided") else "native"
+    for which in LAYERS + BLOCKS:
+        native = "native-block" if "-block" in which else "native-strided" if "-strided" in which else "native"
         ratio = per_call[which] / per_call[native]
-        print(f"{which:<15} {per_call[which] / 1e3:8.1f}k instructions per call  ({ratio:.2f}x {native})")
+        print(f"{which:<27} {per_call[which] / 1e3:8.1f}k instructions per call  ({ratio:.2f}x {native})")
     return 0
 
 

@@ -76,3 +76,11 @@ def test_ddp_scaling_runs_every_job_and_the_same_function(tmp_path):
     collectives = summary["collectives"]
     assert collectives["world_size"] == 2 and collectives["gradient_numel"] > 0
     assert collectives["gradient_all_reduce_ms"] > 0 and collectives["all_reduce_1kib_us"] > 0
+
+
+def test_host_instruction_layers_run_and_give_their_features():
+    from benchmarks.compat import host_instructions as hi
+
+    for which in hi.LAYERS + hi.BLOCKS:
+        out = hi.run_layer(which, 1)
+        assert out.dim() == 2 and out.shape[1] == 16 and bool(torch.isfinite(out).all()), which

@@ -63,7 +63,7 @@ class PendingConv(SparseTensor):
         call = self.__dict__.get("_pending")
         if call is None or call.norm is not None or call.relu or torch.is_grad_enabled():
             return None
-        if norm.training or norm.running_mean is None:
+        if norm.training or norm._buffers.get("running_mean") is None:  # the registry: no Module.__getattr__
             return None
         return _pending(call._replace(norm=norm))
 
