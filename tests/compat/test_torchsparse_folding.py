@@ -5,6 +5,9 @@ changed in place before the conv runs refused."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 from torch import nn
@@ -89,6 +92,16 @@ def test_deferred_conv_runs_without_autograd_when_used_with_it_on():
     with torch.no_grad():
         out = block(x)
     assert not out.F.requires_grad  # used outside no_grad, computed as it was called
+
+
+def test_copies_and_pickles_of_a_pending_output_hold_the_conv_result():
+    block, x = _block(), _scene()
+    with torch.no_grad():
+        want = block(x).F
+        for clone in (copy.deepcopy, copy.copy, lambda t: pickle.loads(pickle.dumps(t))):
+            got = clone(block(x))
+            assert isinstance(got, ts.SparseTensor) and "_pending" not in vars(got)
+            torch.testing.assert_close(got.F, want, rtol=0, atol=0)
 
 
 def test_input_changed_in_place_before_the_conv_runs_is_refused():

@@ -56,6 +56,12 @@ class PendingConv(SparseTensor):
             self._run()
         object.__setattr__(self, name, value)
 
+    def __getstate__(self) -> dict:
+        # A copy or a pickle is of the conv's result: the conv runs first.
+        if "_pending" in self.__dict__:
+            self._run()
+        return self.__dict__
+
     def with_norm(self, norm: nn.BatchNorm1d) -> PendingConv | None:
         """This conv with `norm` folded in, or None where it cannot fold: the conv has run, `norm`
         normalises by batch statistics or has none, autograd is recording, or a norm or ReLU is
