@@ -11,7 +11,9 @@ runs the conv once: one relconv call where the unfolded network runs three passe
 
 The conv reads its input when it runs, so the input's features must not be changed in place in
 between (as for a tensor autograd saved); a change is detected and raises instead of computing on the
-changed values.
+changed values. An output used both through a BatchNorm or ReLU and on its own runs its conv once
+for each (folded, then plain): the same values, one more conv. Copying or pickling an output runs
+its conv first.
 """
 
 from __future__ import annotations
