@@ -128,3 +128,16 @@ def test_training_and_autograd_do_not_fold():
         out = block(x)  # the conv ran for BatchNorm, which normalised by the batch on its own
     assert type(out) is ts.SparseTensor
     assert not torch.equal(block[1].running_mean, before)  # batch statistics were taken
+
+
+def test_output_used_folded_and_on_its_own_gives_both_results():
+    block, x = _block(), _scene()
+    conv, norm = block[0], block[1]
+    with torch.no_grad():
+        with inference_folding(False):
+            plain_want = conv(x).F
+            normed_want = norm(conv(x)).F
+        y = conv(x)
+        normed = norm(y)
+        torch.testing.assert_close(normed.F, normed_want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(y.F, plain_want, rtol=0, atol=0)
