@@ -7,8 +7,9 @@ fp16 is as the libraries' users run it: training is mixed precision, fp16 input 
 `torch.autocast` with fp32 parameters (TorchSparse's convs follow their fp16 operands, spconv's and
 relconv's follow autocast); inference runs a half-precision copy of the model (`model.half()`) on
 fp16 features, as spconv's and TorchSparse's users deploy (spconv 2.3's inference path finds no
-kernel for fp32 weights with fp16 features under autocast). fp32 is exact fp32 (TF32 off everywhere). fp64 (the shim only: relconv
-runs float64) converts the model and features to float64, the accuracy reference of parity.py.
+kernel for fp32 weights with fp16 features under autocast). fp32 is exact fp32 (TF32 off
+everywhere). fp64 (the shim only: relconv runs float64) converts the model and features to
+float64, the accuracy reference of parity.py.
 
 `parity` runs, per dtype, a training-mode forward and the backward of a fixed projection of every
 output, and an eval-mode forward without autograd, from the same initial state each time, and saves

@@ -1,7 +1,8 @@
 """Host instructions per cached layer call: relconv's native `Conv3d` against the same conv through
-`relconv.spconv` (`SubMConv3d`) and `relconv.torchsparse` (`nn.Conv3d`), and a stride-2 conv through
-relconv's native layer and spconv's (`SparseConv3d`, padding 1); and an eval-mode conv -> BatchNorm -> ReLU
-block through relconv's `Sequential` and TorchSparse's (a torch `nn.Sequential`), folded and not.
+`relconv.spconv` (`SubMConv3d`) and `relconv.torchsparse` (`nn.Conv3d`); a stride-2 conv through
+relconv's native layer and spconv's (`SparseConv3d`, padding 1); and an eval-mode conv -> BatchNorm
+-> ReLU block through relconv's `Sequential` and TorchSparse's (a torch `nn.Sequential`), folded and
+not.
 
     python -m benchmarks.compat.host_instructions [--reps 400]
 
@@ -96,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     for which in LAYERS + BLOCKS:
         per_call[which] = (count(which, args.reps) - count(which, 0)) / args.reps
     for which in LAYERS + BLOCKS:
-        native = "native-block" if "-block" in which else "native-strided" if "-strided" in which else "native"
+        native = (
+            "native-block" if "-block" in which else "native-strided" if "-strided" in which else "native"
+        )
         ratio = per_call[which] / per_call[native]
         print(f"{which:<27} {per_call[which] / 1e3:8.1f}k instructions per call  ({ratio:.2f}x {native})")
     return 0

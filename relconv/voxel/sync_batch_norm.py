@@ -8,9 +8,9 @@ large means and for ranks with different row counts, empty ranks included); the 
 weight and bias gradients stay local, as in torch: DistributedDataParallel averages them with the
 other parameters. On CUDA it runs torch's SyncBatchNorm kernels (`batch_norm_stats`,
 `batch_norm_gather_stats_with_counts`, `batch_norm_elemt`, `batch_norm_backward_reduce`,
-`batch_norm_backward_elemt`); unlike
-`torch.nn.SyncBatchNorm` it never reads the device back (that one reads the gathered counts once a
-layer to drop empty ranks), so the host keeps queueing work while the collectives run. It serves
+`batch_norm_backward_elemt`); unlike `torch.nn.SyncBatchNorm` it never reads the device back (that
+one reads the gathered counts once a layer to drop empty ranks), so the host keeps queueing work
+while the collectives run. It serves
 CPU ranks under gloo too, which torch's SyncBatchNorm refuses. `relconv.voxel.SyncBatchNorm` and
 `relconv.voxel.BatchNorm` around a torch SyncBatchNorm both normalise through it.
 """
@@ -77,14 +77,15 @@ class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, invstd, counts = ctx.saved_tensors
+        dy = dy.contiguous()
         needs_w = weight is not None and ctx.needs_input_grad[1]
         needs_b = weight is not None and ctx.needs_input_grad[2]
-        sum_dy, sum_dy_xmu, grad_w, grad_b = _grad_sums(dy.contiguous(), x, weight, mean, invstd, needs_w, needs_b)
+        sum_dy, sum_dy_xmu, grad_w, grad_b = _grad_sums(dy, x, weight, mean, invstd, needs_w, needs_b)
         grad_x = None
         if ctx.needs_input_grad[0]:
             both = torch.cat([sum_dy, sum_dy_xmu])
             dist.all_reduce(both, group=ctx.group)
-            grad_x = _grad_input(dy.contiguous(), x, weight, mean, invstd, *both.chunk(2), counts)
+            grad_x = _grad_input(dy, x, weight, mean, invstd, *both.chunk(2), counts)
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 

@@ -61,7 +61,9 @@ def voxelize(
         raise ValueError(f"batch is on {batch.device} but points is on {points.device}")
     p = points.to(torch.float64)
     # Python scalars divide without a host-to-device copy (a blocking copy waits for the GPU).
-    grid = torch.floor(p / size[0] if len(size) == 1 else torch.stack([p[:, a] / size[a] for a in range(3)], 1))
+    grid = torch.floor(
+        p / size[0] if len(size) == 1 else torch.stack([p[:, a] / size[a] for a in range(3)], 1)
+    )
     coords = torch.cat([batch.long().unsqueeze(1), grid.long()], 1)
     lo, hi = _checked_bounds(grid, coords)
     packing = make_packing(lo, hi, (0, 0, 0))

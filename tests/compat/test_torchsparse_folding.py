@@ -21,7 +21,9 @@ from relconv.voxel import inference_folding
 
 def _scene(n=1500, grid=24, channels=4, seed=0) -> ts.SparseTensor:
     g = torch.Generator().manual_seed(seed)
-    coords = torch.cat([torch.randint(0, 2, (n, 1), generator=g), torch.randint(0, grid, (n, 3), generator=g)], 1)
+    coords = torch.cat(
+        [torch.randint(0, 2, (n, 1), generator=g), torch.randint(0, grid, (n, 3), generator=g)], 1
+    )
     coords = torch.unique(coords, dim=0).int()
     return ts.SparseTensor(torch.randn(len(coords), channels, generator=g, dtype=torch.float64), coords)
 
@@ -82,7 +84,7 @@ def test_pending_output_behaves_as_a_sparse_tensor():
         late.F = torch.zeros_like(want.F)  # assignment runs the conv first, then replaces
         assert torch.equal(late.F, torch.zeros_like(want.F)) and torch.equal(late.C, want.C)
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
-        out.missing
+        _ = out.missing
     # a conv output that has run: BatchNorm applies on its own
     torch.testing.assert_close(block[1](out).F, block[1](want).F, rtol=1e-12, atol=1e-12)
 
@@ -110,7 +112,7 @@ def test_input_changed_in_place_before_the_conv_runs_is_refused():
         out = block(x)
         x.F.add_(1.0)
         with pytest.raises(RuntimeError, match="modified in place.*inference_folding"):
-            out.F
+            _ = out.F
 
 
 def test_training_and_autograd_do_not_fold():

@@ -95,7 +95,9 @@ def test_cuda_collate_reads_nothing_back_and_voxelize_reads_its_checks_once():
     second = voxelize(points + 7.0, (0.5, 0.5, 1.0)).tensor
     with no_host_sync():
         batch = collate([first, second])
-    assert torch.equal(batch.coords[: len(first), 0], torch.zeros(len(first), dtype=batch.coords.dtype, device="cuda"))
+    assert torch.equal(
+        batch.coords[: len(first), 0], torch.zeros(len(first), dtype=batch.coords.dtype, device="cuda")
+    )
     assert bool((batch.coords[len(first) :, 0] == 1).all())
     keys = torch.randint(0, 9, (2000,), device="cuda")
     unique_reads = _sync_count(lambda: torch.unique(keys, sorted=True, return_inverse=True))

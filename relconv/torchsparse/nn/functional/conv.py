@@ -191,7 +191,14 @@ def run_conv(
         index = None if geometry.index is None else torch.tensor(geometry.index, device=weight.device)
         weight = to_relconv(weight, geometry, index)
     out = voxel_conv3d(
-        vt, weight, geometry.size, stride=s, bias=bias, transposed=transposed, activation=activation, prepared=calls
+        vt,
+        weight,
+        geometry.size,
+        stride=s,
+        bias=bias,
+        transposed=transposed,
+        activation=activation,
+        prepared=calls,
     )
     return _wrap(out, out_ts, out_range, caches, hint)
 
