@@ -133,9 +133,10 @@ def build_voxel_maps(coords: Tensor, keys: list[tuple]) -> MapCache:
                 # run-time size is not 0, which layers that special-case empty inputs (BatchNorm)
                 # would otherwise have to decide on the host.
                 torch._check(out_coords.shape[0] > 0)
-                # And never larger than its input: bounds the sizes derived from it (a map's pair
-                # count) so that AOTInductor's size checks stay within int64.
-                torch._check(out_coords.shape[0] <= in_coords.shape[0])
+                # And bounded: bounds the sizes derived from it (a map's pair count) so that
+                # AOTInductor's size checks stay within int64. A constant bound, not the input's
+                # size: AOTInductor's CUDA wrapper checks it before it declares the input's size.
+                torch._check(out_coords.shape[0] <= MAX_VOXELS)
                 cache.coords[out_ts] = out_coords
             step = tuple(di * t for di, t in zip(d, ts, strict=True))
             offsets = _step_offsets(k, step, coords.device)
