@@ -60,20 +60,22 @@ def scene(device: torch.device, beams: int, voxel_size: float) -> tuple[torch.Te
     return voxels.feats.to(device), voxels.coords.to(device)
 
 
-def package(name: str, ep, inputs: tuple, eager, device, out: str, iterations: int) -> None:
+def package(name: str, ep, inputs: tuple, eager, device, out: str, iterations: int, load: bool) -> None:
     path = aoti_compile_and_package(ep, package_path=os.path.join(out, f"{name}.pt2"))
     with torch.no_grad():
         expected = eager()
+        eager_ms = median_ms(eager, device, iterations)
     # Saved before the package is loaded here: run_pt2 needs only these two files.
     torch.save([t.cpu() for t in inputs] + [expected.cpu()], os.path.join(out, f"{name}_io.pt"))
+    if not load:
+        print(f"{name} ({device.type}): eager {eager_ms:.3f} ms; package written, not loaded in Python")
+        return
     with torch.no_grad():
         compiled = aoti_load_package(path)
         got = compiled(*inputs)
+        pt2_ms = median_ms(lambda: compiled(*inputs), device, iterations)
     diff = (got - expected).abs().max().item()
     ok = torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
-    with torch.no_grad():
-        eager_ms = median_ms(eager, device, iterations)
-        pt2_ms = median_ms(lambda: compiled(*inputs), device, iterations)
     print(
         f"{name} ({device.type}): output {tuple(got.shape)}, max |pt2 - eager| = {diff:.3g}, "
         f"equal (1e-5): {'yes' if ok else 'NO'}; eager {eager_ms:.3f} ms, pt2 from Python {pt2_ms:.3f} ms"
@@ -87,6 +89,11 @@ def main() -> None:
     parser.add_argument("--beams", type=int, default=16, help="LiDAR beams of the MinkUNet example scene")
     parser.add_argument("--voxel-size", type=float, default=0.1, help="voxel edge of that scene, metres")
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument(
+        "--no-python-load",
+        action="store_true",
+        help="write the packages without loading them in this process (run them with run_pt2)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     os.makedirs(args.out, exist_ok=True)
@@ -107,7 +114,16 @@ def main() -> None:
         with inference_folding(False):
             return model(VoxelTensor(feats, coords))
 
-    package("minkunet", ep, (feats, coords), eager_unfolded, device, args.out, args.iterations)
+    package(
+        "minkunet",
+        ep,
+        (feats, coords),
+        eager_unfolded,
+        device,
+        args.out,
+        args.iterations,
+        not args.no_python_load,
+    )
     with torch.no_grad():
         folded_ms = median_ms(eager_minkunet, device, args.iterations)
     print(f"minkunet ({device.type}): eager with BatchNorm folding {folded_ms:.3f} ms")
@@ -130,7 +146,16 @@ def main() -> None:
         h = rgcn.conv1(x, edge_index, edge_type).relu()
         return rgcn.conv2(h, edge_index, edge_type)
 
-    package("rgcn", ep, (x, edge_index, edge_type), eager_rgcn, device, args.out, args.iterations)
+    package(
+        "rgcn",
+        ep,
+        (x, edge_index, edge_type),
+        eager_rgcn,
+        device,
+        args.out,
+        args.iterations,
+        not args.no_python_load,
+    )
     with torch.no_grad():
         cached_ms = median_ms(eager_cached, device, args.iterations)
     print(f"rgcn ({device.type}): eager with the map cached on edge_index {cached_ms:.3f} ms")
