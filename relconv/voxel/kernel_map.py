@@ -88,9 +88,7 @@ class KeyPacking:
     def pack(self, coords: Tensor) -> Tensor:
         """[N, 4] integer coordinates -> [N] int64 keys (order = lexicographic (b, x, y, z))."""
         c = coords.long()
-        lo = torch.tensor(self.lo, dtype=torch.int64, device=c.device)
-        mult = torch.tensor(self.mult, dtype=torch.int64, device=c.device)
-        return ((c - lo) * mult).sum(1)
+        return ((c - _int64_on(self.lo, c.device)) * _int64_on(self.mult, c.device)).sum(1)
 
     def unpack(self, keys: Tensor) -> Tensor:
         """[N] int64 keys -> [N, 4] int32 coordinates."""
@@ -104,8 +102,15 @@ class KeyPacking:
 
     def delta(self, offsets: Tensor) -> Tensor:
         """[K, 3] spatial offsets -> [K] int64 key deltas (valid because fields never carry)."""
-        mult = torch.tensor(self.mult[1:], dtype=torch.int64, device=offsets.device)
-        return (offsets.long() * mult).sum(1)
+        return (offsets.long() * _int64_on(self.mult[1:], offsets.device)).sum(1)
+
+
+def _int64_on(values: tuple[int, ...], device: torch.device) -> Tensor:
+    """A small int64 constant on `device`. A CUDA copy goes from pinned memory, asynchronously: a
+    copy from pageable memory waits for the GPU."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.int64, device=device)
+    return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
 
 
 def bounds(coords: Tensor) -> tuple[list[int], list[int]]:
