@@ -11,12 +11,12 @@ mode and inference: the output coordinates must be the same set and, sorted, the
 features, the input-feature gradient and every parameter gradient of the backward of a fixed
 projection of the outputs must agree within `TOLERANCE` (max |a - b| / max |b| per tensor).
 
-fp32 training gradients of a deep network with BatchNorm and ReLU are only as accurate as fp32
+Training gradients of a deep network with BatchNorm and ReLU are only as accurate as the precision
 allows (BatchNorm's backward subtracts means over every voxel, ReLU switches on values rounding can
-move), which can be far coarser than `TOLERANCE`. So, for fp32, the shim also runs in float64 from
-the same state and input (`--no-accuracy` skips it), and every fp32 run is measured against that:
-a candidate is "as accurate" when each of its errors against float64 (in the 2-norm) is within
-`TOLERANCE` or `ACCURACY_FACTOR` times the reference library's.
+move), which can be far coarser than `TOLERANCE`; so can fp16 features. So the shim also runs in
+float64 from the same state and input (`--no-accuracy` skips it), and every fp32 and fp16 run is
+measured against that: a candidate is "as accurate" when each of its errors against float64 (in the
+2-norm) is within the dtype's `TOLERANCE` or `ACCURACY_FACTOR` times the reference library's.
 Writes parity.json and parity.md to OUT_DIR (after every backbone, so a cut-off run keeps its rows).
 """
 
@@ -128,8 +128,8 @@ def norm_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
 
 
 def accuracy(runs: dict[str, dict], truth: dict) -> dict:
-    """Per fp32 run (by library) and phase: its errors (`norm_err`, worst output / parameter)
-    against the float64 run `truth`, output rows aligned by coordinates."""
+    """Per run of one dtype (by library) and phase: its errors (`norm_err`, worst output /
+    parameter) against the float64 run `truth`, output rows aligned by coordinates."""
     out = {}
     for lib, run in runs.items():
         out[lib] = {}
@@ -187,7 +187,8 @@ def run_backbone(name: str, args, work: Path) -> dict:
     report["reference_rows"] = {k: int(c.shape[0]) for k, (c, _) in first.items()}
     state_file = work / f"{name}-state.pt"
     torch.save(ref["state"], state_file)
-    fp32_runs = {args.reference: ref["dtypes"].get("fp32")}
+    # per dtype, per library: the runs measured against float64
+    runs = {d: {args.reference: r} for d, r in ref["dtypes"].items()}
     for cand in args.candidates:
         if cand == "native" and not native.EXACT.get(name, False):
             why = "no native twin" if name not in native.TWINS else "twin's downsampling differs"
@@ -207,18 +208,25 @@ def run_backbone(name: str, args, work: Path) -> dict:
             "library": got["library"],
             "dtypes": {d: compare_run(ref["dtypes"][d], got["dtypes"][d], d) for d in ref["dtypes"]},
         }
-        fp32_runs[cand] = got["dtypes"].get("fp32")
-    if args.accuracy and "fp32" in ref["dtypes"] and bb.BACKBONES[name].family in ("spconv", "torchsparse"):
+        for d, r in got["dtypes"].items():
+            runs.setdefault(d, {})[cand] = r
+    if args.accuracy and runs and bb.BACKBONES[name].family in ("spconv", "torchsparse"):
         truth_file = work / f"{name}-fp64.pt"
         child = ["parity", name, "shim", str(truth_file), "--state", str(state_file), *base]
         err = run_child([*child, "--dtypes", "fp64"], args.timeout, env)
         if err:
             report["accuracy"] = {"error": err}
         else:
-            runs = {lib: r for lib, r in fp32_runs.items() if r is not None}
-            errors = accuracy(runs, torch.load(truth_file)["dtypes"]["fp64"])
-            tol = TOLERANCE["fp32"]
-            verdicts = {c: as_accurate(errors, args.reference, c, tol) for c in runs if c != args.reference}
+            truth = torch.load(truth_file)["dtypes"]["fp64"]
+            errors = {d: accuracy(by_lib, truth) for d, by_lib in runs.items()}
+            verdicts = {
+                d: {
+                    c: as_accurate(errors[d], args.reference, c, TOLERANCE[d])
+                    for c in by_lib
+                    if c != args.reference
+                }
+                for d, by_lib in runs.items()
+            }
             report["accuracy"] = {"errors": errors, "as_accurate": verdicts}
     return report
 
@@ -250,33 +258,37 @@ def _accuracy_lines(reports: list[dict]) -> list[str]:
         return []
     lines = [
         "",
-        "fp32 against float64 (relconv's shim in float64, same state and input; |a - b| / |b| in the "
-        f"2-norm, worst tensor; as accurate: within {TOLERANCE['fp32']:g} or {ACCURACY_FACTOR:g}x the "
-        "reference's error):",
+        "Against float64 (relconv's shim in float64, same state and input; |a - b| / |b| in the "
+        f"2-norm, worst tensor; as accurate: within the dtype's tolerance {TOLERANCE} or "
+        f"{ACCURACY_FACTOR:g}x the reference's error):",
         "",
-        _cells("backbone", "library", "phase", "features", "input grad", "param grad", "as accurate"),
-        _cells(*["---"] * 7),
+        _cells(
+            "backbone", "library", "dtype", "phase", "features", "input grad", "param grad", "as accurate"
+        ),
+        _cells(*["---"] * 8),
     ]
     for r in rows:
         acc = r["accuracy"]
         if "error" in acc:
             why = "error: " + acc["error"].splitlines()[-1]
-            lines.append(_cells(r["backbone"], "-", "-", why, "", "", ""))
+            lines.append(_cells(r["backbone"], "-", "-", "-", why, "", "", ""))
             continue
-        for lib, phases in acc["errors"].items():
-            for phase, row in phases.items():
-                verdict = acc["as_accurate"].get(lib, {}).get(phase)
-                lines.append(
-                    _cells(
-                        r["backbone"],
-                        lib,
-                        phase,
-                        _fmt(row.get("feats")),
-                        _fmt(row.get("input_grad")) if phase == "train" else "",
-                        _fmt(row.get("param_grad")) if phase == "train" else "",
-                        "reference" if verdict is None else ("yes" if verdict else "NO"),
+        for dtype, by_lib in acc["errors"].items():
+            for lib, phases in by_lib.items():
+                for phase, row in phases.items():
+                    verdict = acc["as_accurate"][dtype].get(lib, {}).get(phase)
+                    lines.append(
+                        _cells(
+                            r["backbone"],
+                            lib,
+                            dtype,
+                            phase,
+                            _fmt(row.get("feats")),
+                            _fmt(row.get("input_grad")) if phase == "train" else "",
+                            _fmt(row.get("param_grad")) if phase == "train" else "",
+                            "reference" if verdict is None else ("yes" if verdict else "NO"),
+                        )
                     )
-                )
     return lines
 
 

@@ -116,3 +116,14 @@ def test_library_and_snapshot_errors_are_clear(tmp_path):
         backbones._load_file("compat_harness_missing", tmp_path / "nothing.py")
     with pytest.raises(backbones.HarnessError, match="is missing"):
         backbones._torchsparse_backbones(Path(tmp_path))
+
+
+def test_markdown_lists_each_dtype_against_float64():
+    row = {"feats": 2e-3, "input_grad": 1e-2, "param_grad": 3e-2}
+    errors = {d: {"real": {"train": row, "infer": {"feats": 1e-3}}} for d in ("fp32", "fp16")}
+    errors["fp16"]["shim"] = {"train": row, "infer": {"feats": 5e-3}}
+    verdicts = {"fp32": {}, "fp16": {"shim": parity.as_accurate(errors["fp16"], "real", "shim", 1e-2)}}
+    report = {"backbone": "B", "candidates": {}, "accuracy": {"errors": errors, "as_accurate": verdicts}}
+    text = parity.markdown([report])
+    assert "| B | shim | fp16 | infer | 5.00e-03 |  |  | yes |" in text
+    assert "| B | real | fp32 | train | 2.00e-03 | 1.00e-02 | 3.00e-02 | reference |" in text
