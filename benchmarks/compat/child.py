@@ -16,7 +16,9 @@ output, and an eval-mode forward without autograd, from the same initial state e
 outputs, input gradient and parameter gradients (all moved to the CPU as float32). The real library's
 run also saves the initial state_dict, which the shim's and the native twin's runs load (`--state`).
 `speed` times inference (eval, `torch.no_grad()`) and a training step (forward, projection, backward)
-with the shared harness timing (`benchmarks.harness.timing.measure`).
+with the shared harness timing (`benchmarks.harness.timing.measure`), then profiles the same call on
+CUDA (`benchmarks.harness.instrument.profile_call`: GPU time, kernel launches, host waits, the
+costliest kernels).
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ import torch
 
 from benchmarks.compat import backbones as bb
 from benchmarks.compat import native, scenes
+from benchmarks.harness.instrument import profile_call
 from benchmarks.harness.timing import TimingConfig, measure
 from benchmarks.peers.spconv_peer import on_cpu_without_cuda
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "fp64": torch.float64}
+# Kernels per timed case kept in speed.json: the costliest by GPU time, to say where a gap comes from.
+KERNELS_KEPT = 12
 
 
 def _precision(family: str) -> None:
@@ -185,8 +190,11 @@ def speed(side: Side, dtypes: list[str], config: TimingConfig, out: Path) -> Non
             try:
                 with context:
                     t = measure(fn, inputs, side.device, config)
+                    # GPU time, launches, host waits and the costliest kernels of the same call
+                    gpu = profile_call(fn, inputs[0], side.device, top=KERNELS_KEPT)
                 row = {"latency_ms": t.latency_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms}
                 row.update(throughput_ms=t.throughput_ms, runs=t.runs, peak_mem_mib=t.peak_mem_mib)
+                row.update(gpu)
             except Exception as err:  # one failing case must not hide the others' times
                 row = {"error": f"{type(err).__name__}: {err}"}
             rows.append({"dtype": name, "phase": phase, **row})

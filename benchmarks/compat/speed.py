@@ -26,7 +26,8 @@ from benchmarks.compat import native
 from benchmarks.compat.spawn import run_child
 
 HEADER = ("backbone", "dtype", "phase", "real", "shim", "native")
-HEADER += ("real/shim lat", "real/shim queued", "shim/native lat", "shim/native queued")
+HEADER += ("real/shim lat", "real/shim queued", "real/shim GPU", "shim/native lat", "shim/native queued")
+METRICS = ("latency_ms", "throughput_ms", "gpu_ms")
 SPEEDUP_BAR = 1.5
 OVERHEAD_BAR = 1.05
 
@@ -48,7 +49,7 @@ def summarise(results: list[dict]) -> list[dict]:
             ] = row
     out = []
     for row in table.values():
-        for metric in ("latency_ms", "throughput_ms"):
+        for metric in METRICS:
             row[f"real_over_shim_{metric}"] = _ratio(row.get("real"), row.get("shim"), metric)
             row[f"shim_over_native_{metric}"] = _ratio(row.get("shim"), row.get("native"), metric)
         out.append(row)
@@ -60,7 +61,10 @@ def _t(row: dict | None) -> str:
         return "-"
     if "error" in row:
         return "error"
-    return f"{row['latency_ms']:.2f} / {row['throughput_ms']:.2f}"
+    text = f"{row['latency_ms']:.2f} / {row['throughput_ms']:.2f}"
+    if row.get("gpu_ms") is not None:
+        text += f" / {row['gpu_ms']:.2f} ({row['kernel_launches']} launches, {row['host_syncs']} waits)"
+    return text
 
 
 def _r(v: float | None, good) -> str:
@@ -76,16 +80,18 @@ def markdown(results: list[dict]) -> str:
     lines = [
         "# Shim speed on downstream backbones",
         "",
-        "Times in ms, `latency / queued` (medians). real/shim: the real library's time over the shim's "
+        "Times in ms, `latency / queued / GPU` (medians; GPU: kernel time of one call from the "
+        "profiler, with its kernel launches and host waits; the costliest kernels are in speed.json). "
+        "real/shim: the real library's time over the shim's "
         f"(bar >= {SPEEDUP_BAR}); shim/native: the shim's time over relconv's native twin's "
         f"(bar <= {OVERHEAD_BAR}). (!) marks a ratio that misses its bar.",
         "",
         _cells(*HEADER),
-        _cells(*["---"] * 10),
+        _cells(*["---"] * len(HEADER)),
     ]
     for row in summarise(results):
         times = [_t(row.get(lib)) for lib in ("real", "shim", "native")]
-        ratios = [_r(row[f"real_over_shim_{m}"], fast) for m in ("latency_ms", "throughput_ms")]
+        ratios = [_r(row[f"real_over_shim_{m}"], fast) for m in METRICS]
         ratios += [_r(row[f"shim_over_native_{m}"], cheap) for m in ("latency_ms", "throughput_ms")]
         lines.append(_cells(row["backbone"], row["dtype"], row["phase"], *times, *ratios))
     errors = [f"{r['backbone']} / {r['library_kind']}: {r['error']}" for r in results if "error" in r]

@@ -46,8 +46,8 @@ PROFILED_CALLS = 3
 
 
 def _profile_one_call(fn: Callable[[object], object], inp: object, device: torch.device) -> tuple:
-    """(sync calls, kernel launches, GPU µs) seen while profiling one `fn(inp)`; the sync count
-    includes the profiler's own (see `_profiler_syncs`)."""
+    """(sync calls, kernel launches, GPU µs, {kernel: [launches, GPU µs]}) seen while profiling one
+    `fn(inp)`; the sync count includes the profiler's own (see `_profiler_syncs`)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize(device)
@@ -56,14 +56,18 @@ def _profile_one_call(fn: Callable[[object], object], inp: object, device: torch
         torch.cuda.synchronize(device)  # so that the call's GPU work is inside the profile
     syncs = launches = 0
     gpu_us = 0.0
+    kernels: dict[str, list] = {}
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             gpu_us += ev.device_time
+            entry = kernels.setdefault(ev.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += ev.device_time
             if not ev.name.startswith(("Memcpy", "Memset")):
                 launches += 1
         elif ev.name in SYNC_CALLS:
             syncs += 1
-    return syncs, launches, gpu_us
+    return syncs, launches, gpu_us, kernels
 
 
 @functools.cache
@@ -74,14 +78,19 @@ def _profiler_syncs(device: torch.device) -> int:
     return _profile_one_call(lambda _: None, None, device)[0]
 
 
-def profile_call(fn: Callable[[object], object], inp: object, device: torch.device) -> dict:
+def profile_call(fn: Callable[[object], object], inp: object, device: torch.device, top: int = 0) -> dict:
     """{"host_syncs", "kernel_launches"} of the first of PROFILED_CALLS calls of `fn(inp)` and
-    their median "gpu_ms"; None values off CUDA."""
+    their median "gpu_ms"; None values off CUDA. With `top`, also "top_kernels": that first call's
+    `top` kernels by GPU time, as [name, launches, GPU µs]."""
     if device.type != "cuda":
         return {"host_syncs": None, "kernel_launches": None, "gpu_ms": None}
     calls = [_profile_one_call(fn, inp, device) for _ in range(PROFILED_CALLS)]
-    return {
+    row = {
         "host_syncs": max(0, calls[0][0] - _profiler_syncs(device)),
         "kernel_launches": calls[0][1],
         "gpu_ms": statistics.median(c[2] for c in calls) / 1e3,
     }
+    if top:
+        ranked = sorted(calls[0][3].items(), key=lambda kv: -kv[1][1])[:top]
+        row["top_kernels"] = [[name, n, round(us, 1)] for name, (n, us) in ranked]
+    return row

@@ -127,3 +127,19 @@ def test_markdown_lists_each_dtype_against_float64():
     text = parity.markdown([report])
     assert "| B | shim | fp16 | infer | 5.00e-03 |  |  | yes |" in text
     assert "| B | real | fp32 | train | 2.00e-03 | 1.00e-02 | 3.00e-02 | reference |" in text
+
+
+def test_speed_table_gives_gpu_time_and_its_ratio():
+    from benchmarks.compat import speed
+
+    def lib(kind, ms, gpu):
+        row = {"dtype": "fp32", "phase": "inference", "latency_ms": ms, "throughput_ms": ms}
+        row.update(gpu_ms=gpu, kernel_launches=10, host_syncs=0)
+        return {"backbone": "B", "library_kind": kind, "library": kind, "rows": [row]}
+
+    results = [lib("real", 6.0, 4.0), lib("shim", 3.0, 2.5)]
+    (row,) = speed.summarise(results)
+    assert row["real_over_shim_gpu_ms"] == pytest.approx(1.6)
+    text = speed.markdown(results)
+    assert "| B | fp32 | inference | 6.00 / 6.00 / 4.00 (10 launches, 0 waits) |" in text
+    assert "| 2.00 | 2.00 | 1.60 | - | - |" in text
