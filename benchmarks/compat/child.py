@@ -136,7 +136,35 @@ def _cpu(outputs) -> dict:
     return {k: (c.detach().cpu().long(), f.detach().cpu().float()) for k, (c, f) in outputs.items()}
 
 
-def parity(side: Side, dtypes: list[str], state_in: Path | None, out: Path) -> None:
+def _perturbed(feats: torch.Tensor, repeat: int) -> torch.Tensor:
+    """The input of accuracy repeat `repeat` (0: as given): fp32 features moved by about one unit in
+    the last place, up or down by a sign pattern seeded by `repeat`, the same in every library."""
+    if repeat == 0:
+        return feats
+    g = torch.Generator().manual_seed(repeat)
+    sign = torch.randint(0, 2, feats.shape, generator=g).to(feats.device, torch.float32) * 2 - 1
+    return (feats.float() * (1 + sign * 2.0**-23)).to(feats.dtype)
+
+
+def _train_step(side: Side, name: str, initial: dict, repeat: int) -> dict:
+    """A training-mode forward and the backward of the projection, from `initial`, on `repeat`'s input."""
+    side.model.load_state_dict({k: v.clone() for k, v in initial.items()})
+    side.model.train()
+    side.model.zero_grad(set_to_none=True)
+    base = side.features(torch.float32, requires_grad=False)
+    feats = _perturbed(base, repeat).to(DTYPES[name]).requires_grad_(True)
+    with precision(name, side.device):
+        outputs = side.run(feats)
+        loss = projection_loss(outputs)
+    loss.backward()
+    return {
+        "outputs": _cpu(outputs),
+        "input_grad": feats.grad.detach().cpu().float(),
+        "param_grads": {k: g.detach().cpu().float() for k, g in side.param_grads().items()},
+    }
+
+
+def parity(side: Side, dtypes: list[str], state_in: Path | None, out: Path, repeats: int = 1) -> None:
     if state_in is not None:
         side.load(torch.load(state_in, map_location=side.device))
     initial = {k: v.detach().clone() for k, v in side.model.state_dict().items()}
@@ -147,24 +175,15 @@ def parity(side: Side, dtypes: list[str], state_in: Path | None, out: Path) -> N
         dtype = DTYPES[name]
         if dtype == torch.float64:  # the accuracy reference: every parameter and buffer in float64
             side.model.double()
-        side.model.load_state_dict({k: v.clone() for k, v in initial.items()})
-        side.model.train()
-        side.model.zero_grad(set_to_none=True)
-        feats = side.features(dtype, requires_grad=True)
-        with precision(name, side.device):
-            outputs = side.run(feats)
-            loss = projection_loss(outputs)
-        loss.backward()
-        train = {
-            "outputs": _cpu(outputs),
-            "input_grad": feats.grad.detach().cpu().float(),
-            "param_grads": {k: g.detach().cpu().float() for k, g in side.param_grads().items()},
-        }
+        train = _train_step(side, name, initial, 0)
+        # fp16 features cannot hold a one-ulp fp32 perturbation: accuracy repeats are fp32 / fp64 only.
+        extra = range(1, repeats) if name in ("fp32", "fp64") else range(0)
+        train_repeats = [_train_step(side, name, initial, r) for r in extra]
         side.model.load_state_dict({k: v.clone() for k, v in initial.items()})
         side.model.eval()
         with torch.no_grad(), inference_precision(side, name):
             infer = {"outputs": _cpu(side.run(side.features(dtype, requires_grad=False)))}
-        result["dtypes"][name] = {"train": train, "infer": infer}
+        result["dtypes"][name] = {"train": train, "infer": infer, "train_repeats": train_repeats}
     torch.save(result, out)
 
 
@@ -215,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", default="fp32,fp16")
     p.add_argument("--tiny", action="store_true", help="two small 8-beam scans instead of four 64-beam ones")
     p.add_argument("--scene-cache", type=Path, help="folder the voxelized scans are kept in between children")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="parity: fp32 / fp64 training steps, each after the first on a one-ulp perturbed input",
+    )
     p.add_argument("--runs", type=int, default=TimingConfig.runs)
     p.add_argument("--queued-blocks", type=int, default=3)
     p.add_argument("--warmup-runs", type=int, default=TimingConfig.warmup_runs)
@@ -227,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         voxels = scenes.load(backbone.scene, a.tiny, a.scene_cache)
         side = Side(backbone, a.library, a.downstream, voxels, torch.device(a.device))
         if a.mode == "parity":
-            parity(side, dtypes, a.state, a.out)
+            parity(side, dtypes, a.state, a.out, a.repeats)
         else:
             config = TimingConfig(warmup_runs=a.warmup_runs, runs=a.runs, queued_blocks=a.queued_blocks)
             speed(side, dtypes, config, a.out)

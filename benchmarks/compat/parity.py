@@ -17,6 +17,11 @@ move), which can be far coarser than `TOLERANCE`; so can fp16 features. So the s
 float64 from the same state and input (`--no-accuracy` skips it), and every fp32 and fp16 run is
 measured against that: a candidate is "as accurate" when each of its errors against float64 (in the
 2-norm) is within the dtype's `TOLERANCE` or `ACCURACY_FACTOR` times the reference library's.
+One fp32 training step is a single draw: rounding decides which ReLUs switch, and BatchNorm's
+backward spreads each switch over a whole channel, so two fp32 runs of the same library that sum
+in another order differ from each other about as much as either differs from float64. Each
+library's fp32 step therefore also runs on inputs moved by one unit in the last place
+(`--accuracy-repeats`, float64 on the same inputs), and the verdict compares median errors.
 Writes parity.json and parity.md to OUT_DIR (after every backbone, so a cut-off run keeps its rows).
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -127,25 +133,42 @@ def norm_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor))
 
 
+def _train_errors(run: dict, truth: dict) -> dict:
+    """One training step's errors (`norm_err`, worst output / parameter) against float64's."""
+    outs = compare_outputs(truth["outputs"], run["outputs"], norm_err)
+    # sites that differ (or an output missing) make the run inaccurate whatever its features
+    errs = [e.get("feats_rel_err") for e in outs.values()]
+    errs = [float("inf") if e is None else e for e in errs]
+    grads, want = run["param_grads"], truth["param_grads"]
+    floor = grad_floor(want, norm=True)
+    per = [norm_err(grads[k], want[k], floor) for k in want if k in grads]
+    return {
+        "feats": max(errs, default=None),
+        "input_grad": norm_err(run["input_grad"], truth["input_grad"]),
+        "param_grad": max(per, default=None),
+    }
+
+
 def accuracy(runs: dict[str, dict], truth: dict) -> dict:
     """Per run of one dtype (by library) and phase: its errors (`norm_err`, worst output /
-    parameter) against the float64 run `truth`, output rows aligned by coordinates."""
+    parameter) against the float64 run `truth`, output rows aligned by coordinates. A training
+    step repeated on perturbed inputs (`train_repeats`, each against float64 on the same input)
+    gives the median of its errors, and every error under "samples"."""
     out = {}
     for lib, run in runs.items():
-        out[lib] = {}
-        for phase in ("train", "infer"):
-            outs = compare_outputs(truth[phase]["outputs"], run[phase]["outputs"], norm_err)
-            # sites that differ (or an output missing) make the run inaccurate whatever its features
-            errs = [e.get("feats_rel_err") for e in outs.values()]
-            errs = [float("inf") if e is None else e for e in errs]
-            row = {"feats": max(errs, default=None)}
-            if phase == "train":
-                row["input_grad"] = norm_err(run[phase]["input_grad"], truth[phase]["input_grad"])
-                grads, want = run[phase]["param_grads"], truth[phase]["param_grads"]
-                floor = grad_floor(want, norm=True)
-                per = [norm_err(grads[k], want[k], floor) for k in want if k in grads]
-                row["param_grad"] = max(per, default=None)
-            out[lib][phase] = row
+        outs = compare_outputs(truth["infer"]["outputs"], run["infer"]["outputs"], norm_err)
+        errs = [float("inf") if e.get("feats_rel_err") is None else e["feats_rel_err"] for e in outs.values()]
+        pairs = [(run["train"], truth["train"])]
+        # an fp16 run has no repeats (its features cannot hold the perturbation): one step only
+        pairs += list(zip(run.get("train_repeats", []), truth.get("train_repeats", []), strict=False))
+        steps = [_train_errors(r, t) for r, t in pairs]
+        train = {}
+        for key in ("feats", "input_grad", "param_grad"):
+            values = [e[key] for e in steps if e[key] is not None]
+            train[key] = statistics.median(values) if values else None
+        if len(steps) > 1:
+            train["samples"] = {key: [e[key] for e in steps] for key in ("feats", "input_grad", "param_grad")}
+        out[lib] = {"train": train, "infer": {"feats": max(errs, default=None)}}
     return out
 
 
@@ -163,6 +186,7 @@ def as_accurate(errors: dict, reference: str, candidate: str, tol: float) -> dic
         verdict[phase] = all(
             c is not None and (c <= tol or (r is not None and c <= ACCURACY_FACTOR * r))
             for key, r in ref_row.items()
+            if key != "samples"
             for c in [cand_row.get(key)]
         )
     return verdict
@@ -170,6 +194,7 @@ def as_accurate(errors: dict, reference: str, candidate: str, tol: float) -> dic
 
 def run_backbone(name: str, args, work: Path) -> dict:
     base = ["--downstream", str(args.downstream), "--device", args.device]
+    base += ["--repeats", str(args.accuracy_repeats if args.accuracy else 1)]
     base += ["--scene-cache", str(work / "scenes"), *(["--tiny"] if args.tiny else [])]
     common = [*base, "--dtypes", args.dtypes]
     ref_file = work / f"{name}-{args.reference}.pt"
@@ -252,6 +277,14 @@ def _row_cells(backbone: str, cand: str, dtype: str, phase: str, row: dict) -> s
     )
 
 
+def _acc(row: dict, key: str) -> str:
+    """An error against float64; over repeated steps, the median with the range of the samples."""
+    samples = [v for v in row.get("samples", {}).get(key, []) if v is not None]
+    if len(samples) < 2:
+        return _fmt(row.get(key))
+    return f"{_fmt(row.get(key))} ({_fmt(min(samples))} to {_fmt(max(samples))})"
+
+
 def _accuracy_lines(reports: list[dict]) -> list[str]:
     rows = [r for r in reports if "accuracy" in r]
     if not rows:
@@ -260,7 +293,8 @@ def _accuracy_lines(reports: list[dict]) -> list[str]:
         "",
         "Against float64 (relconv's shim in float64, same state and input; |a - b| / |b| in the "
         f"2-norm, worst tensor; as accurate: within the dtype's tolerance {TOLERANCE} or "
-        f"{ACCURACY_FACTOR:g}x the reference's error):",
+        f"{ACCURACY_FACTOR:g}x the reference's error; repeated fp32 training steps: the median, "
+        "with the range over the steps):",
         "",
         _cells(
             "backbone", "library", "dtype", "phase", "features", "input grad", "param grad", "as accurate"
@@ -283,9 +317,9 @@ def _accuracy_lines(reports: list[dict]) -> list[str]:
                             lib,
                             dtype,
                             phase,
-                            _fmt(row.get("feats")),
-                            _fmt(row.get("input_grad")) if phase == "train" else "",
-                            _fmt(row.get("param_grad")) if phase == "train" else "",
+                            _acc(row, "feats"),
+                            _acc(row, "input_grad") if phase == "train" else "",
+                            _acc(row, "param_grad") if phase == "train" else "",
                             "reference" if verdict is None else ("yes" if verdict else "NO"),
                         )
                     )
@@ -351,6 +385,13 @@ def parse(argv=None):
         dest="accuracy",
         action="store_false",
         help="skip the float64 run that measures each fp32 run's own accuracy",
+    )
+    p.add_argument(
+        "--accuracy-repeats",
+        type=int,
+        default=3,
+        help="fp32 training steps per library measured against float64, each after the first on a "
+        "one-ulp perturbed input; the verdict compares medians",
     )
     p.add_argument(
         "--dry-run",

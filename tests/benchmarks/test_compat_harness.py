@@ -143,3 +143,36 @@ def test_speed_table_gives_gpu_time_and_its_ratio():
     text = speed.markdown(results)
     assert "| B | fp32 | inference | 6.00 / 6.00 / 4.00 (10 launches, 0 waits) |" in text
     assert "| 2.00 | 2.00 | 1.60 | - | - |" in text
+
+
+def test_repeated_steps_are_judged_by_their_median_error():
+    out = _outputs(seed=7)
+    c, f = out["a"]
+    w = {"w": torch.ones(3)}
+
+    def step(scale):  # input gradient off by `scale` relative, the rest exact
+        return _run(out, f * (1 + scale), w)["train"]
+
+    truth = {**_run(out, f, w), "train_repeats": [step(0.0), step(0.0)]}
+    # The reference's steps err by 1e-3, 1e-3, 1e-3; the candidate's by 1e-2 once and 1e-3 twice.
+    ref = {**_run(out, f * 1.001, w), "train_repeats": [step(1e-3), step(1e-3)]}
+    cand = {**_run(out, f * 1.01, w), "train_repeats": [step(1e-3), step(1e-3)]}
+    errors = parity.accuracy({"real": ref, "shim": cand}, truth)
+    assert errors["shim"]["train"]["input_grad"] == pytest.approx(1e-3, rel=1e-3)
+    assert errors["shim"]["train"]["samples"]["input_grad"][0] == pytest.approx(1e-2, rel=1e-3)
+    assert parity.as_accurate(errors, "real", "shim", 1e-5)["train"]
+    assert parity._acc(errors["shim"]["train"], "input_grad") == "1.00e-03 (1.00e-03 to 1.00e-02)"
+    # An fp16-like run without repeats is measured on its one step.
+    single = parity.accuracy({"real": _run(out, f * 1.01, w)}, truth)["real"]["train"]
+    assert single["input_grad"] == pytest.approx(1e-2, rel=1e-3) and "samples" not in single
+
+
+def test_parity_child_perturbs_repeats_by_one_ulp():
+    from benchmarks.compat.child import _perturbed
+
+    f = torch.randn(100, 4)
+    assert _perturbed(f, 0) is f
+    moved = _perturbed(f, 1)
+    ulp = torch.abs(torch.nextafter(f, torch.full_like(f, float("inf"))) - f)
+    assert torch.all((moved - f).abs() <= 2 * ulp) and not torch.equal(moved, f)  # 2: binade edges
+    assert torch.equal(_perturbed(f, 1), moved) and not torch.equal(_perturbed(f, 2), moved)
