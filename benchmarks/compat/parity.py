@@ -133,17 +133,21 @@ def norm_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor))
 
 
-def _train_errors(run: dict, truth: dict) -> dict:
-    """One training step's errors (`norm_err`, worst output / parameter) against float64's."""
+def _feats_error(run: dict, truth: dict) -> float | None:
+    """The worst output's feature error (`norm_err`) against float64's, rows aligned by coordinates."""
     outs = compare_outputs(truth["outputs"], run["outputs"], norm_err)
     # sites that differ (or an output missing) make the run inaccurate whatever its features
     errs = [e.get("feats_rel_err") for e in outs.values()]
-    errs = [float("inf") if e is None else e for e in errs]
+    return max((float("inf") if e is None else e for e in errs), default=None)
+
+
+def _train_errors(run: dict, truth: dict) -> dict:
+    """One training step's errors (`norm_err`, worst output / parameter) against float64's."""
     grads, want = run["param_grads"], truth["param_grads"]
     floor = grad_floor(want, norm=True)
     per = [norm_err(grads[k], want[k], floor) for k in want if k in grads]
     return {
-        "feats": max(errs, default=None),
+        "feats": _feats_error(run, truth),
         "input_grad": norm_err(run["input_grad"], truth["input_grad"]),
         "param_grad": max(per, default=None),
     }
@@ -156,8 +160,6 @@ def accuracy(runs: dict[str, dict], truth: dict) -> dict:
     gives the median of its errors, and every error under "samples"."""
     out = {}
     for lib, run in runs.items():
-        outs = compare_outputs(truth["infer"]["outputs"], run["infer"]["outputs"], norm_err)
-        errs = [float("inf") if e.get("feats_rel_err") is None else e["feats_rel_err"] for e in outs.values()]
         pairs = [(run["train"], truth["train"])]
         # an fp16 run has no repeats (its features cannot hold the perturbation): one step only
         pairs += list(zip(run.get("train_repeats", []), truth.get("train_repeats", []), strict=False))
@@ -168,7 +170,7 @@ def accuracy(runs: dict[str, dict], truth: dict) -> dict:
             train[key] = statistics.median(values) if values else None
         if len(steps) > 1:
             train["samples"] = {key: [e[key] for e in steps] for key in ("feats", "input_grad", "param_grad")}
-        out[lib] = {"train": train, "infer": {"feats": max(errs, default=None)}}
+        out[lib] = {"train": train, "infer": {"feats": _feats_error(run["infer"], truth["infer"])}}
     return out
 
 
