@@ -2,7 +2,8 @@
 kernel-launch breakdown of one MinkUNet forward, and the sparsity of the neighbour table the
 output-stationary kernel walks. A profiling aid (what to optimise), not a benchmark (what to claim).
 
-    python -m benchmarks.profile_voxel [--workload scan64] [--channels 32,64,128,256] [--peers]
+    python -m benchmarks.profile_voxel [--workload scan64|FAMILY_SCENE] [--channels 32,64,128,256] [--peers]
+                                       [--fresh] [--only layer|minkunet|table]
 
 `--peers` adds spconv / TorchSparse++ to the layer and MinkUNet breakdowns when importable (after
 `source benchmarks/peers/activate.sh`). Run under `ncu --kernel-name regex:conv_forward_table
@@ -84,34 +85,52 @@ def table_stats(scene, tile: int = 64) -> None:
     print_breakdown("neighbor_table_order", kernel_times(lambda: order_op(rmap.neighbor_table())), top=8)
 
 
-def layer_breakdown(scene, channels: list[int], peers: bool) -> None:
+def _relconv_subm(scene, c: int):
+    """{map: call} of a relconv subm 3^3 fp16 layer, the map cached or built in the call."""
     from relconv.voxel import Conv3d, VoxelTensor
 
+    feats = torch.randn(len(scene.coords), c, device="cuda", dtype=torch.half)
+    conv = Conv3d(c, c, 3).cuda().half().eval()
+    x = VoxelTensor(feats, scene.coords)
+    return {"cached": lambda: conv(x), "fresh": lambda: conv(VoxelTensor(feats, scene.coords))}
+
+
+def _spconv_subm(scene, c: int):
+    """As _relconv_subm, for spconv (its indice_key cache holds the map)."""
+    import spconv.pytorch as spconv
+
+    from benchmarks.peers.spconv_peer import spatial_shape
+
+    feats = torch.randn(len(scene.coords), c, device="cuda", dtype=torch.half)
+    coords, shape = scene.coords.int(), spatial_shape(scene.coords)
+    sp = spconv.SubMConv3d(c, c, 3, padding=1, bias=False, indice_key="k").cuda().half().eval()
+
+    def fresh():
+        return sp(spconv.SparseConvTensor(feats, coords, shape, scene.batch_size))
+
+    st = spconv.SparseConvTensor(feats, coords, shape, scene.batch_size)
+    with torch.no_grad():
+        st.indice_dict.update(fresh().indice_dict)
+    return {"cached": lambda: sp(st), "fresh": fresh}
+
+
+def layer_breakdown(scene, channels: list[int], peers: bool, fresh: bool) -> None:
+    """Per-kernel GPU time of a subm 3^3 fp16 layer with its map cached and, with `fresh`, built in
+    the call (a new coordinate set each call), for relconv and (`peers`) spconv."""
+    maps = ("cached", "fresh") if fresh else ("cached",)
+    libraries = [("relconv", _relconv_subm)]
+    if peers:
+        libraries.append(("spconv", _spconv_subm))
     for c in channels:
-        feats = torch.randn(len(scene.coords), c, device="cuda", dtype=torch.half)
-        conv = Conv3d(c, c, 3).cuda().half().eval()
-        x = VoxelTensor(feats, scene.coords)
-        with torch.no_grad():
-            conv(x)
-            print_breakdown(
-                f"relconv subm3 C{c} fp16 cached", kernel_times(lambda conv=conv, x=x: conv(x)), top=5
-            )
-        if peers:
+        for name, make in libraries:
             try:
-                import spconv.pytorch as spconv
-
-                from benchmarks.peers.spconv_peer import spatial_shape
-
-                st = spconv.SparseConvTensor(feats, scene.coords.int(), spatial_shape(scene.coords), 1)
-                sp = spconv.SubMConv3d(c, c, 3, padding=1, bias=False, indice_key="k").cuda().half().eval()
-                with torch.no_grad():
-                    first = sp(st)
-                    st.indice_dict.update(first.indice_dict)
-                    print_breakdown(
-                        f"spconv subm3 C{c} fp16 cached", kernel_times(lambda sp=sp, st=st: sp(st)), top=5
-                    )
+                calls = make(scene, c)
             except ImportError as err:
-                print("spconv:", err)
+                print(f"{name}: {err}")
+                continue
+            with torch.no_grad():
+                for mp in maps:
+                    print_breakdown(f"{name} subm3 C{c} fp16 {mp}", kernel_times(calls[mp]), top=8)
 
 
 def minkunet_breakdown(scene, peers: bool) -> None:
@@ -150,13 +169,14 @@ def main() -> None:
     p.add_argument("--channels", default="32,64,128,256")
     p.add_argument("--peers", action="store_true")
     p.add_argument("--only", choices=("layer", "minkunet", "table"), default=None)
+    p.add_argument("--fresh", action="store_true", help="also the layers with the map built in the call")
     args = p.parse_args()
     scene = load_scene(args.workload, torch.device("cuda"))
     print(torch.cuda.get_device_name(), args.workload, len(scene.coords), "voxels")
     if args.only in (None, "table"):
         table_stats(scene)
     if args.only in (None, "layer"):
-        layer_breakdown(scene, [int(c) for c in args.channels.split(",")], args.peers)
+        layer_breakdown(scene, [int(c) for c in args.channels.split(",")], args.peers, args.fresh)
     if args.only in (None, "minkunet"):
         minkunet_breakdown(scene, args.peers)
 

@@ -66,6 +66,14 @@
 //   check_coords(error, ticket=-1) -> (): reads a coord_hash error word (with a ticket, waits
 //            until that word is published; else one host sync) and raises ValueError for the
 //            problems it records.
+//   grid_conv_map(coords, batch_size, in_shape, out_shape, kernel_size, stride, padding, dilation,
+//            transposed) -> (out_coords, table): a regular or transposed conv on a bounded grid
+//            (coords are (batch, d0, d1, d2) grid indices inside in_shape): the output sites every
+//            input reaches, [M, 4] int32 sorted by (batch, d0, d1, d2), and the [M, K] int32 table
+//            of the input at o * stride - padding + r * dilation (transposed: o = i * stride -
+//            padding + r * dilation), kernel index r with the first axis slowest. One host sync
+//            (the site count, with the coordinate checks); raises ValueError for rows outside the
+//            grid and duplicate rows.
 //
 // BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over
 // the N rows; weight, bias, running_mean, running_var [C] in one dtype: x's, or float32 for
@@ -106,6 +114,9 @@ TORCH_LIBRARY(relconv, m) {
       "hashed_submanifold_table(Tensor coords, int[3] kernel_size, int[3] step, bool check, "
       "bool one_buffer, bool early_read=False) -> (Tensor, Tensor, Tensor, int)");
   m.def("check_coords(Tensor error, int ticket=-1) -> ()");
+  m.def(
+      "grid_conv_map(Tensor coords, int batch_size, int[3] in_shape, int[3] out_shape, int[3] kernel_size, "
+      "int[3] stride, int[3] padding, int[3] dilation, bool transposed) -> (Tensor, Tensor)");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "

@@ -97,23 +97,6 @@ struct HostWords {
   int32_t count, error;
 };
 
-// Words at `device`, after the work queued on `stream`: one copy into a pinned buffer of this host
-// thread and one stream sync. Tensor::to(kCPU) does the same behind a CPU allocation and a
-// TensorIterator copy, about 25 us more host time per read on the H100 host. The buffer lives as
-// long as the thread (8 bytes, free again once the sync returns).
-constexpr int kPinnedWords = 2;
-const int32_t* read_device_words(const int32_t* device, int count, cudaStream_t stream) {
-  TORCH_INTERNAL_ASSERT(count <= kPinnedWords, "relconv: the pinned read buffer holds ", kPinnedWords, " words");
-  thread_local int32_t* pinned = [] {
-    void* p = nullptr;
-    C10_CUDA_CHECK(cudaMallocHost(&p, kPinnedWords * sizeof(int32_t)));
-    return static_cast<int32_t*>(p);
-  }();
-  C10_CUDA_CHECK(cudaMemcpyAsync(pinned, device, count * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return pinned;
-}
-
 // A count and an inverted error word (adjacent at `device`).
 HostWords read_words(const int32_t* device, cudaStream_t stream) {
   const int32_t* words = read_device_words(device, 2, stream);

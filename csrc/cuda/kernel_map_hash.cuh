@@ -12,6 +12,9 @@
 // 32 - k tag bits in the same 4 bytes: 9 bits for a 3.5M-voxel scene, so the table costs no more
 // memory than plain row indices. Open addressing with linear probing in a power-of-two table; the
 // table is only ever filled by one insert kernel and read afterwards, so lookups need no atomics.
+// Device functions only: several translation units include this header (kernel_map.cu, grid_map.cu),
+// and a __global__ function defined here would be defined in each of them; the kernels that insert
+// are in kernel_map_query.cuh.
 #include <cstdint>
 
 namespace relconv::cuda {
@@ -129,28 +132,6 @@ __device__ __forceinline__ void insert_row(const int32_t* __restrict__ coords, i
   if (c.b < 0) atomicAnd(error, ~kErrNegativeBatch);
   const uint32_t h = hash_coord(c);
   if (claim_slot(coords, slots, layout, c, h, layout.entry(h, i)) >= 0) atomicAnd(error, ~kErrDuplicate);
-}
-
-__global__ void hash_insert_rows(const int32_t* __restrict__ coords, int64_t n, int32_t* __restrict__ slots,
-                                 SlotLayout layout, int32_t* __restrict__ error) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) insert_row(coords, i, slots, layout, error);
-}
-
-// Like hash_insert_rows, but equal rows are expected (many fine voxels share one coarse site) and
-// the slot keeps the SMALLEST row holding the key: that row stands for the site, which makes the
-// output order of strided coordinates deterministic (first occurrence in input row order). Equal
-// keys have equal tags, so the smallest entry holds the smallest row. Other threads probing past
-// the slot meanwhile compare against an equal key whichever row it holds.
-__global__ void hash_insert_min_rows(const int32_t* __restrict__ coords, int64_t n, int32_t* __restrict__ slots,
-                                     SlotLayout layout) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const Coord c = load_coord(coords, i);
-  const uint32_t h = hash_coord(c);
-  const int32_t mine = layout.entry(h, i);
-  const int64_t s = claim_slot(coords, slots, layout, c, h, mine);
-  if (s >= 0) atomicMin(slots + s, mine);
 }
 
 }  // namespace relconv::cuda

@@ -1,12 +1,35 @@
 #pragma once
-// Kernel-map kernels over the coordinate hash table (kernel_map_hash.cuh): neighbour tables of
-// submanifold and strided maps, and the coarse sites of a strided conv.
+// Kernel-map kernels over the coordinate hash table (kernel_map_hash.cuh): its inserts, neighbour
+// tables of submanifold and strided maps, and the coarse sites of a strided conv.
 #include <cstdint>
 #include <limits>
 
 #include "cuda/kernel_map_hash.cuh"
 
 namespace relconv::cuda {
+
+// One thread per row (insert_row).
+__global__ void hash_insert_rows(const int32_t* __restrict__ coords, int64_t n, int32_t* __restrict__ slots,
+                                 SlotLayout layout, int32_t* __restrict__ error) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) insert_row(coords, i, slots, layout, error);
+}
+
+// Like hash_insert_rows, but equal rows are expected (many fine voxels share one coarse site) and
+// the slot keeps the SMALLEST row holding the key: that row stands for the site, which makes the
+// output order of strided coordinates deterministic (first occurrence in input row order). Equal
+// keys have equal tags, so the smallest entry holds the smallest row. Other threads probing past
+// the slot meanwhile compare against an equal key whichever row it holds.
+__global__ void hash_insert_min_rows(const int32_t* __restrict__ coords, int64_t n, int32_t* __restrict__ slots,
+                                     SlotLayout layout) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const Coord c = load_coord(coords, i);
+  const uint32_t h = hash_coord(c);
+  const int32_t mine = layout.entry(h, i);
+  const int64_t s = claim_slot(coords, slots, layout, c, h, mine);
+  if (s >= 0) atomicMin(slots + s, mine);
+}
 
 // Kernel offsets follow relconv.voxel.kernel_map.kernel_offsets: weight order x slowest, z
 // fastest; per axis an odd size k covers -(k-1)/2 .. (k-1)/2 and an even size 0 .. k-1. They are

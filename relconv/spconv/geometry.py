@@ -5,12 +5,15 @@ spconv's regular conv outputs every position `o` of the dense conv's output grid
 index `r` in `0..k-1` per axis. Its transposed conv outputs every `o = i*s - p + r*d` inside
 `[0, (n-1)*s - 2p + k + output_padding)`. Both sets differ from relconv's native strided map (which
 outputs `floor(p/s)*s`), so they are built here from torch ops: all `K x N` candidates at once, the
-valid ones packed into int64 keys over the known grid, `torch.unique` for the new sites. A pair's
-relation is the kernel index flattened with the first axis slowest, spconv's weight order.
+valid ones packed into int64 keys over the known grid, new sites sorted by (batch, d0, d1, d2). A
+pair's relation is the kernel index flattened with the first axis slowest, spconv's weight order.
 
-Host synchronisations: two per map (the number of valid candidates, read together with the check
-that every input lies inside the grid, and the number of new sites inside `torch.unique`); spconv
-reads the size of a new coordinate set too.
+On CUDA one op builds the map (`relconv::grid_conv_map`: the candidates deduplicated in a hash set,
+the distinct sites sorted, the neighbour table looked up in a hash of the inputs) with one host
+synchronisation, the site count read together with the coordinate checks, as spconv reads the size
+of a new coordinate set; the map is that table. Elsewhere (and past the op's int32 limits) torch ops
+build the pair lists: all `K x N` candidates at once, `torch.unique` for the new sites, two host
+synchronisations.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import math
 import torch
 from torch import Tensor
 
+from relconv._ext import _C  # noqa: F401  (registers torch.ops.relconv)
 from relconv.core import RelationalMap
 
 _INT32_MAX = 2**31 - 1
+_GRID_CONV_MAP = torch.ops.relconv.grid_conv_map.default
 
 
 def conv_output_size(shape: list[int], k: list[int], s: list[int], p: list[int], d: list[int]) -> list[int]:
@@ -71,6 +76,11 @@ def build_map(
     """
     device = coords.device
     num_in, num_rel = coords.shape[0], math.prod(kernel_size)
+    if _grid_op_takes(coords, batch_size, out_shape, num_rel):
+        out_coords, table = _GRID_CONV_MAP(
+            coords, batch_size, in_shape, out_shape, kernel_size, stride, padding, dilation, transposed
+        )
+        return RelationalMap.from_neighbor_table(table, num_in, validate=False, injective=True), out_coords
     c = coords.long()
     keys = c[:, 0]
     valid = None
@@ -111,6 +121,18 @@ def build_map(
         inp.to(idt), out_row.to(idt), rel_ptr, num_in, num_out, injective=True, validate=False
     )
     return rmap, _unpack(out_keys, out_shape)
+
+
+def _grid_op_takes(coords: Tensor, batch_size: int, out_shape: list[int], num_rel: int) -> bool:
+    """Whether relconv::grid_conv_map builds this map: CUDA int32 coordinates, an int32 table, keys
+    within 62 bits."""
+    return (
+        coords.is_cuda
+        and coords.dtype == torch.int32
+        and num_rel <= 4096
+        and coords.shape[0] * num_rel * num_rel <= _INT32_MAX
+        and batch_size * math.prod(out_shape) < 2**62
+    )
 
 
 def _unpack(keys: Tensor, shape: list[int]) -> Tensor:
