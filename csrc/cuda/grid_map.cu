@@ -1,9 +1,10 @@
 // The grid conv map op (kernels in grid_map.cuh): output sites and neighbour table of a regular or
 // transposed convolution on a bounded grid, as spconv's SparseConv / SparseConvTranspose layers
-// place them (relconv.spconv). In torch ops the same map took about 40 launches, a sort of every
-// (input, kernel index) candidate and two host reads; here the candidates are deduplicated in a hash
-// set, only the distinct sites are sorted, and the one host read fetches their count together with
-// the coordinate checks.
+// place them (relconv.spconv). Built in torch ops, the map and the table the conv reads took about
+// 90 launches per layer, a sort of every (input, kernel index) candidate and two host reads
+// (OpenPCDet's VoxelBackBone8x, fp32 inference on an H200: 470 launches and 21 host waits against
+// 98 and 9 with this op); here the candidates are deduplicated in a hash set, only the distinct
+// sites are sorted, and the one host read fetches their count together with the coordinate checks.
 #include "common/error_message.h"
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
