@@ -7,7 +7,7 @@ cached between calls that need no gradient). Kernel index `r` per axis reads the
 `o*s - p + r*d`; flattened with the first axis slowest, it is both spconv's weight order and, for odd
 sizes, relconv's offset order (offset = r - (k-1)/2), so submanifold layers run relconv's native
 `conv3d` (cached maps). Regular, inverse and transposed layers run `relational_conv` over the maps of
-`relconv.spconv.geometry`, through a per-layer `relconv.ops.MapCalls` (prepared calls by map).
+`relconv.voxel.grid_map`, through a per-layer `relconv.ops.MapCalls` (prepared calls by map).
 2-D layers run as 3-D with a third axis of size 1.
 """
 
@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from relconv.ops import MapCalls
 from relconv.spconv._missing import missing
 from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, SparseModule, check_geometry, expand_nd
-from relconv.spconv.geometry import build_map, conv_output_size, deconv_output_size
 from relconv.voxel import PreparedCalls, conv3d
 from relconv.voxel.fold import FoldCache
+from relconv.voxel.grid_map import build_map, conv_output_size, deconv_output_size
 
 _MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"
 SUPPORTED_NDIM = (2, 3)

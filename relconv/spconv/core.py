@@ -52,7 +52,7 @@ def check_geometry(**values: list[int]) -> None:
 class SiteSet:
     """One coordinate set: the user-facing `indices [N, ndim + 1]`, the relconv coordinates
     `coords [N, 4]` (2-D grids get a zero third axis), the relconv map cache that holds the
-    submanifold maps, and the spconv-geometry maps built from these sites (`relconv.spconv.geometry`),
+    submanifold maps, and the spconv-geometry maps built from these sites (`relconv.voxel.grid_map`),
     keyed by their geometry."""
 
     __slots__ = ("indices", "coords", "_cache", "maps")

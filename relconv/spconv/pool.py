@@ -14,8 +14,8 @@ from torch import Tensor
 from relconv.spconv._missing import missing
 from relconv.spconv.conv import as_3d, check_ndim, strided_sites
 from relconv.spconv.core import IndiceData, SparseConvTensor, SparseModule, check_geometry, expand_nd
-from relconv.spconv.geometry import conv_output_size
 from relconv.voxel import submanifold_map
+from relconv.voxel.grid_map import conv_output_size
 
 _MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"
 

@@ -12,7 +12,8 @@ offsets for odd sizes and 0 .. k-1 for even sizes.
 An axis whose TorchSparse offsets are relconv's for the same size maps directly. Any other axis
 (padding that does not centre an odd kernel, or an even kernel's padding above 0) runs on the
 smallest relconv size whose offsets cover TorchSparse's, with zero weight on the offsets outside;
-the result is exact and costs the extra offsets' work.
+the result is exact and costs the extra offsets' work. Strided convs on bounded sites avoid that
+cost: they run over a grid map in TorchSparse's own offsets (`grid_geometry`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,19 @@ def to_relconv(kernel: Tensor, geometry: Geometry, index: Tensor | None) -> Tens
     if geometry.zero_row:
         kernel = F.pad(kernel, (0, 0, 0, 0, 0, 1))
     return kernel.index_select(0, index)
+
+
+@functools.lru_cache(maxsize=256)
+def grid_geometry(kernel_size: Triple) -> Geometry:
+    """The weight of a strided conv run over a grid map (`relconv.voxel.grid_map.build_map`), whose
+    relation r is the kernel digit (d0, d1, d2) with the first axis slowest: TorchSparse's offset d
+    per axis is that digit (its input `o * s - padding + d` is the grid map's), so only the order
+    of the offsets differs, x fastest for an odd kernel volume (see the top of this module)."""
+    kx, ky, kz = kernel_size
+    if (kx * ky * kz) % 2 == 0:
+        return Geometry(kernel_size, None, False)
+    index = tuple(dx + kx * (dy + ky * dz) for dx in range(kx) for dy in range(ky) for dz in range(kz))
+    return Geometry(kernel_size, None if index == tuple(range(len(index))) else index, False)
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,7 +1,7 @@
 """The shims' convolutions keep relconv's prepared op calls (relconv.voxel.PreparedCalls, and
-relconv.ops.MapCalls for spconv's strided and inverse layers), as the native Conv3d does: a layer's
-third call over the same sites runs the stored call, which gives what preparing the call again
-gives, also after the weights change and in training."""
+relconv.ops.MapCalls for spconv's strided and inverse layers and TorchSparse's strided convs), as the
+native Conv3d does: a layer's third call over the same sites runs the stored call, which gives what
+preparing the call again gives, also after the weights change and in training."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _spconv_inverse_case():
 def _torchsparse_case(stride):
     layer = spnn.Conv3d(3, 5, 3, stride=stride, bias=True).double()
     x = scene(n=80)
-    return layer, x, lambda lyr: [calls for _, calls in lyr._runs.layers.values()]
+    # Submanifold layers keep relconv.voxel calls per geometry, strided ones map calls (grid maps).
+    return layer, x, lambda lyr: [*(calls for _, calls in lyr._runs.layers.values()), lyr._runs.grid_calls]
 
 
 CASES = {

@@ -12,6 +12,7 @@ import torch
 import relconv.torchsparse as torchsparse
 import relconv.torchsparse.nn as spnn
 import relconv.torchsparse.nn.functional as tsF
+from relconv.torchsparse._layout import relconv_geometry
 from relconv.voxel import Conv3d as VoxelConv3d
 from relconv.voxel import VoxelTensor
 from tests.compat.torchsparse_refs import dense_conv, dense_transposed, scene, strided_sites
@@ -69,6 +70,7 @@ def test_submanifold_matches_dense(device, kernel_size):
         (1, 2, 0),  # [1, C_in, C_out] kernel
         (3, 3, 1),
         (2, (2, 1, 2), 1),
+        (3, 2, 5),  # padding past the kernel: offsets -5..-3
     ],
     ids=str,
 )
@@ -246,8 +248,10 @@ def test_bad_arguments():
         spnn.Conv3d(3, 4, 2, stride=2, generative=True)
     with pytest.raises(NotImplementedError, match="generative"):
         spnn.Conv3d(3, 4, 2, stride=2, transposed=True, generative=True)(scene())
+    # Offsets a relconv kernel cannot cover: what a transposed conv off its strided conv's sites
+    # would need with padding 5 (strided convs themselves run over grid maps).
     with pytest.raises(NotImplementedError, match="relconv kernel of size"):
-        spnn.Conv3d(3, 4, 3, stride=2, padding=5)(scene())
+        relconv_geometry((3, 3, 3), (-5, -5, -5))
     with pytest.raises(TypeError, match="SparseTensor"):
         spnn.Conv3d(3, 4)(torch.zeros(3, 3))
     with pytest.raises(ValueError, match="channels"):

@@ -10,6 +10,10 @@ Geometry, as TorchSparse 2.1 computes it in its default configuration:
   padding that is `unique(floor(p / s))` less the top sites TorchSparse's bound drops.
 - transposed: back onto the sites the strided conv of the same kernel size and stride started
   from, through that conv's map (so that conv's padding), with the same offset indices.
+A strided conv on those bounded sites (and its transposed conv) runs over the grid map of
+`relconv.voxel.grid_map` (on CUDA one op with one host read; the coordinate bounds are another),
+in TorchSparse's own offsets; relconv's native strided map would need a larger kernel wherever the
+padding does not centre it (`_layout`).
 - dilation: TorchSparse 2.1's map builders take none, so maps here ignore it as well.
 The weight is TorchSparse's `kernel` `[K, C_in, C_out]` in its offset order; `_layout` turns it
 into relconv's order inside the autograd graph (one gather, skipped where the orders agree).
@@ -26,13 +30,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from relconv.torchsparse._layout import Geometry, relconv_geometry, to_relconv
+from relconv.core import RelationalMap
+from relconv.ops import MapCalls, relational_conv
+from relconv.torchsparse._layout import Geometry, grid_geometry, relconv_geometry, to_relconv
 from relconv.torchsparse._layout import torchsparse_lows_cached as torchsparse_lows
 from relconv.torchsparse.nn.functional.conv_config import map_modes
 from relconv.torchsparse.nn.functional.pending import PendingConv
 from relconv.torchsparse.tensor import SparseTensor, TensorCache, get_allow_negative_coordinates, make_ntuple
 from relconv.voxel import MapCache, PreparedCalls, VoxelTensor
 from relconv.voxel import conv3d as voxel_conv3d
+from relconv.voxel.grid_map import build_map
 from relconv.voxel.nn import inference_folding_enabled
 
 __all__ = ["conv3d"]
@@ -46,6 +53,14 @@ GENERATIVE_MESSAGE = (
 )
 
 
+class GridSource(NamedTuple):
+    """The input sites of a strided conv run over a grid map: where its transposed conv returns."""
+
+    coords: Tensor  # TorchSparse units
+    fine: Tensor  # relconv's coordinates of the same rows
+    cache: MapCache
+
+
 class DownsampleRecord(NamedTuple):
     """One strided conv geometry over one coordinate set (kept in `TensorCache.kmaps`)."""
 
@@ -53,6 +68,9 @@ class DownsampleRecord(NamedTuple):
     spatial_range: tuple | None
     lows: Triple  # per-axis lowest offset of the map (the transposed conv reuses it)
     voxel: MapCache | None  # relconv's cache for this geometry when its sites differ from the shared ones
+    fine: Tensor  # relconv's coordinates of the output sites
+    grid: RelationalMap | None  # the grid map of bounded sites, None for floor(p / s) sites
+    source: GridSource | None  # the input sites of `grid`
 
 
 def conv3d(
@@ -110,12 +128,13 @@ class Runs:
         # makes its own, as the kept weights are the module's.
         self.owner = weakref.ref(owner)
         self.layers: dict[Triple, tuple[Geometry, PreparedCalls]] = {}
+        self.grid_calls = MapCalls()
         self.index: dict[tuple, Tensor] = {}
-        self.weights: dict[Triple, tuple] = {}
+        self.weights: dict[tuple, tuple] = {}
 
     def __getstate__(self) -> dict:
         # Copies and pickles start without calls or kept weights (they are rebuilt on use).
-        return {"owner": None, "layers": {}, "index": {}, "weights": {}}
+        return {"owner": None, "layers": {}, "grid_calls": MapCalls(), "index": {}, "weights": {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -127,16 +146,18 @@ class Runs:
             entry = self.layers[lows] = (relconv_geometry(kernel_size, lows), PreparedCalls())
         return entry
 
-    def weight(self, kernel: Tensor, lows: Triple, geometry: Geometry) -> Tensor:
+    def weight(self, kernel: Tensor, layout: tuple, geometry: Geometry) -> Tensor:
+        """`kernel` in `geometry`'s order, kept per `layout` (the map's lows, or "grid") while
+        autograd is off."""
         if geometry.index is None:
             return kernel
         if torch.is_grad_enabled() and kernel.requires_grad:
             return to_relconv(kernel, geometry, self._index(geometry, kernel.device))
         key = (kernel._version, kernel.data_ptr(), kernel.dtype, kernel.device)
-        kept = self.weights.get(lows)
+        kept = self.weights.get(layout)
         if kept is None or kept[0] != key:
             w = to_relconv(kernel, geometry, self._index(geometry, kernel.device))
-            kept = self.weights[lows] = (key, w)
+            kept = self.weights[layout] = (key, w)
         return kept[1]
 
     def _index(self, geometry: Geometry, device: torch.device) -> Tensor:
@@ -173,16 +194,26 @@ def run_conv(
     caches = x._caches  # after _voxel, which may give new coordinates a cache of their own
     hint = None
     if transposed:
-        lows, out_ts, out_range = _transposed_geometry(x, caches, k, s, dilation, modes[0])
+        lows, out_ts, out_range, record = _transposed_geometry(x, caches, k, s, dilation, modes[0])
+        # Over the strided conv's grid map when the input is on that conv's output sites.
+        if record is not None and record.grid is not None and vt.coords is record.fine:
+            src = record.source
+            feats = _grid_conv(vt.feats, weight, bias, activation, k, record.grid.transpose(), runs)
+            out = VoxelTensor._trusted(feats, src.fine, out_ts, src.cache)
+            return _wrap(out, out_ts, out_range, caches, src.coords)
     elif s == (1, 1, 1):
         lows = torchsparse_lows(k, s, padding, modes[0])
         out_ts, out_range = x.stride, _subm_range(x.spatial_range, k, padding)
     else:
         record = _downsample(x, vt, caches, k, s, padding, dilation, modes)
         lows, out_range, hint = record.lows, record.spatial_range, record.coords
+        out_ts = tuple(t * si for t, si in zip(x.stride, s, strict=True))
+        if record.grid is not None:
+            feats = _grid_conv(vt.feats, weight, bias, activation, k, record.grid, runs)
+            out = VoxelTensor._trusted(feats, record.fine, out_ts, record.voxel or vt.cache)
+            return _wrap(out, out_ts, out_range, caches, hint)
         if record.voxel is not None:
             vt = VoxelTensor(vt.feats, vt.coords, vt.stride, cache=record.voxel)
-        out_ts = tuple(t * si for t, si in zip(x.stride, s, strict=True))
     if runs is not None:
         geometry, calls = runs.layer(k, lows)
         weight = runs.weight(weight, lows, geometry)
@@ -201,6 +232,25 @@ def run_conv(
         prepared=calls,
     )
     return _wrap(out, out_ts, out_range, caches, hint)
+
+
+def _grid_conv(
+    feats: Tensor,
+    kernel: Tensor,
+    bias: Tensor | None,
+    activation: str | None,
+    k: Triple,
+    rmap: RelationalMap,
+    runs: Runs | None,
+) -> Tensor:
+    """The conv of `feats` over a grid map (relation = kernel digits, first axis slowest) with
+    TorchSparse's `kernel` reordered to it (`grid_geometry`)."""
+    geometry = grid_geometry(k)
+    if runs is not None:
+        weight = runs.weight(kernel, ("grid", k), geometry)
+        return runs.grid_calls(feats, weight, rmap, bias, activation)
+    index = None if geometry.index is None else torch.tensor(geometry.index, device=kernel.device)
+    return relational_conv(feats, to_relconv(kernel, geometry, index), rmap, bias=bias, activation=activation)
 
 
 def _single_offset(weight: Tensor) -> Tensor:
@@ -256,6 +306,7 @@ def _transposed_geometry(
     if any(t % si for t, si in zip(x.stride, s, strict=True)):
         raise ValueError(f"stride {s} must divide the tensor stride {x.stride} of a transposed conv's input")
     out_ts = tuple(t // si for t, si in zip(x.stride, s, strict=True))
+    record = None
     if s == (1, 1, 1):
         lows = torchsparse_lows(k, s, (0, 0, 0), hashmap)
     else:
@@ -268,7 +319,7 @@ def _transposed_geometry(
             )
         lows = record.lows
     fine = caches.cmaps.get(out_ts)
-    return lows, out_ts, None if fine is None else fine[1]
+    return lows, out_ts, None if fine is None else fine[1], record
 
 
 def _downsample(
@@ -294,11 +345,17 @@ def _downsample(
     # TorchSparse's "hashmap" mode takes unbounded floor(p / s) sites when kernel = stride (or 1)
     # per axis or in "minkowski" downsampling, else the same bounded sites as the default mode.
     floor = hashmap and (minkowski or all(si in (1, ki) for si, ki in zip(s, k, strict=True)))
-    coords = downsample_coords(x.coords, k, s, padding, out_range, floor)
+    # The default mode's map reads o * s - padding + d, the grid map's; the "hashmap" mode centres
+    # its offsets whatever the padding, so it keeps relconv's native map.
+    grid = None if hashmap else _grid_map(x.coords, k, s, padding, out_range)
+    if grid is not None:
+        rmap, coords = grid
+    else:
+        rmap, coords = None, downsample_coords(x.coords, k, s, padding, out_range, floor)
     known = caches.pairs.get(out_ts)
     own = None
     if known is not None and known[0].shape == coords.shape and bool(torch.equal(known[0], coords)):
-        coords = known[0]
+        coords, fine = known
     else:
         step = torch.tensor((1, *out_ts), dtype=torch.int32, device=coords.device)
         fine = coords * step
@@ -311,8 +368,31 @@ def _downsample(
             own = MapCache()
             own.coords[x.stride] = vt.coords
             own.coords[out_ts] = fine
-    record = caches.kmaps[key] = DownsampleRecord(coords, out_range, lows, own)
+    source = None if rmap is None else GridSource(x.coords, vt.coords, vt.cache)
+    record = caches.kmaps[key] = DownsampleRecord(coords, out_range, lows, own, fine, rmap, source)
     return record
+
+
+def _grid_map(
+    coords: Tensor, k: Triple, s: Triple, padding: Triple, out_range: tuple | None
+) -> tuple[RelationalMap, Tensor] | None:
+    """(grid map, output sites) of the default mode's strided conv: the sites of `downsample_coords`
+    in the same order, and the map onto them in TorchSparse's offsets. None where coordinates may
+    be negative (`set_allow_negative_coordinates`), none are given, or no site fits the bound."""
+    if get_allow_negative_coordinates() or coords.shape[0] == 0:
+        return None
+    c = coords if coords.dtype == torch.int32 else coords.int()
+    low, top = torch.stack(torch.aminmax(c, dim=0)).tolist()  # one host read: the grid's extent
+    if min(low) < 0:
+        return None
+    if out_range is not None:
+        out_shape = list(out_range[1:])
+    else:
+        out_shape = [(top[a + 1] + 2 * padding[a] - (k[a] - 1)) // s[a] + 1 for a in range(3)]
+    if min(out_shape) < 1:
+        return None
+    in_shape = [t + 1 for t in top[1:]]
+    return build_map(c, top[0] + 1, in_shape, out_shape, list(k), list(s), list(padding), [1, 1, 1], False)
 
 
 def downsample_coords(

@@ -1,13 +1,14 @@
-"""relconv::grid_conv_map (the CUDA builder of spconv-geometry maps) against the torch-op builder
-that serves the CPU: the same output sites in the same order and the same neighbour table, over
-regular and transposed layers, even and odd kernels, padding, dilation and 2-D grids; and its errors."""
+"""relconv::grid_conv_map (the CUDA builder of grid maps: spconv's strided layers, TorchSparse's
+strided convs) against the torch-op builder that serves the CPU: the same output sites in the same
+order and the same neighbour table, over regular and transposed layers, even and odd kernels,
+padding, dilation and 2-D grids; and its errors."""
 
 import itertools
 
 import pytest
 import torch
 
-from relconv.spconv import geometry
+from relconv.voxel import grid_map as geometry
 
 pytestmark = pytest.mark.cuda
 

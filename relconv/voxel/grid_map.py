@@ -1,19 +1,20 @@
-"""spconv's output sites and kernel maps for regular (strided) and transposed sparse convolution.
+"""Output sites and kernel maps of a dense conv's geometry on a bounded grid, for regular (strided)
+and transposed sparse convolution: spconv's layers (`relconv.spconv`) and TorchSparse's strided
+convs (`relconv.torchsparse`) place their sites so.
 
-spconv's regular conv outputs every position `o` of the dense conv's output grid
+A regular conv outputs every position `o` of the dense conv's output grid
 `[0, (n + 2p - d(k-1) - 1) // s + 1)` that some active input reaches: `i = o*s - p + r*d` for a kernel
-index `r` in `0..k-1` per axis. Its transposed conv outputs every `o = i*s - p + r*d` inside
-`[0, (n-1)*s - 2p + k + output_padding)`. Both sets differ from relconv's native strided map (which
-outputs `floor(p/s)*s`), so they are built here from torch ops: all `K x N` candidates at once, the
-valid ones packed into int64 keys over the known grid, new sites sorted by (batch, d0, d1, d2). A
-pair's relation is the kernel index flattened with the first axis slowest, spconv's weight order.
+index `r` in `0..k-1` per axis. A transposed conv outputs every `o = i*s - p + r*d` inside
+`[0, (n-1)*s - 2p + k + output_padding)` (spconv's formula). Both sets differ from relconv's native
+strided map (which outputs `floor(p/s)*s`). New sites come sorted by (batch, d0, d1, d2); a pair's
+relation is the kernel index flattened with the first axis slowest, spconv's weight order.
 
 On CUDA one op builds the map (`relconv::grid_conv_map`: the candidates deduplicated in a hash set,
 the distinct sites sorted, the neighbour table looked up in a hash of the inputs) with one host
 synchronisation, the site count read together with the coordinate checks, as spconv reads the size
 of a new coordinate set; the map is that table. Elsewhere (and past the op's int32 limits) torch ops
-build the pair lists: all `K x N` candidates at once, `torch.unique` for the new sites, two host
-synchronisations.
+build the pair lists: all `K x N` candidates at once, packed into int64 keys over the known grid,
+`torch.unique` for the new sites, two host synchronisations.
 """
 
 from __future__ import annotations
