@@ -201,30 +201,36 @@ def family_summary(rows: list[dict]) -> list[dict]:
     """Per (device, scene family) of the voxel suite: over the cases both relconv and a peer timed,
     relconv's speedup over the best peer of each case (`speedup`, the peer with the lowest one):
     how many cases, the median and the minimum, and how many fall below 1.2x and 1.0x; the same
-    from GPU time per call (`gpu_speedup`) over the cases that have it."""
+    from GPU time per call (`gpu_speedup`) over the cases that have it; and relconv's GPU time per
+    call over the case's floor (`floor_rows`, `floor_median`, `floor_max`) over every relconv case
+    with both, peer or not."""
     from benchmarks.workloads.families import family_of
 
     by_case: dict[str, dict[str, dict]] = defaultdict(dict)
     for r in rows:
         if r.get("suite") == "voxel" and r["status"] == "ok":
             by_case[r["case"]][r["impl"]] = r
-    groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: {"sp": [], "gpu": []})
+    groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(
+        lambda: {"sp": [], "gpu": [], "floor": []}
+    )
     for impls in by_case.values():
         rc = impls.get("relconv")
         if rc is None:
             continue
+        key = (rc.get("device", "?"), rc.get("family") or family_of(rc.get("workload", "")))
+        if rc.get("gpu_ms") and rc.get("floor_ms"):
+            groups[key]["floor"].append(rc["gpu_ms"] / rc["floor_ms"])
         peers = [row for impl, row in impls.items() if not is_relconv(impl)]
         sp = [s for row in peers if (s := speedup(row, rc)) is not None]
         gpu = [g for row in peers if (g := gpu_speedup(row, rc)) is not None]
-        if not sp and not gpu:
-            continue
-        key = (rc.get("device", "?"), rc.get("family") or family_of(rc.get("workload", "")))
         if sp:
             groups[key]["sp"].append(min(sp))
         if gpu:
             groups[key]["gpu"].append(min(gpu))
     out = []
     for (device, family), g in sorted(groups.items()):
+        if not g["sp"] and not g["gpu"] and not g["floor"]:
+            continue
         entry = {"device": device, "family": family}
         for tag, values in (("", g["sp"]), ("gpu_", g["gpu"])):
             entry.update(
@@ -236,22 +242,30 @@ def family_summary(rows: list[dict]) -> list[dict]:
                     f"{tag}below_1.0": sum(v < 1.0 for v in values),
                 }
             )
+        floor = g["floor"]
+        entry.update(
+            floor_rows=len(floor),
+            floor_median=statistics.median(floor) if floor else None,
+            floor_max=max(floor) if floor else None,
+        )
         out.append(entry)
     return out
 
 
 def family_table(rows: list[dict]) -> str:
-    """`family_summary` as text; empty when no voxel case has a peer to compare with."""
+    """`family_summary` as text; empty when no voxel case has a peer or a floor to compare with."""
     summary = family_summary(rows)
     if not summary:
         return ""
     head = (
         f"{'device':<6} {'family':<10} {'rows':>5} {'median':>7} {'min':>6} {'<1.2x':>6} {'<1.0x':>6}   "
-        f"{'gpu rows':>8} {'median':>7} {'min':>6} {'<1.2x':>6} {'<1.0x':>6}"
+        f"{'gpu rows':>8} {'median':>7} {'min':>6} {'<1.2x':>6} {'<1.0x':>6}   "
+        f"{'floor rows':>10} {'median':>7} {'max':>6}"
     )
     lines = [
         "per scene family: relconv's speedup over the best peer of each case (the lower of the latency "
-        "and throughput ratios), then the same in GPU time per call",
+        "and throughput ratios), then the same in GPU time per call, then relconv's GPU time over the "
+        "case's floor",
         head,
         "-" * len(head),
     ]
@@ -260,7 +274,8 @@ def family_table(rows: list[dict]) -> str:
             f"{e['device']:<6} {e['family']:<10} {e['rows']:>5} {_fmt(e['median'], '.2f'):>7} "
             f"{_fmt(e['min'], '.2f'):>6} {e['below_1.2']:>6} {e['below_1.0']:>6}   {e['gpu_rows']:>8} "
             f"{_fmt(e['gpu_median'], '.2f'):>7} {_fmt(e['gpu_min'], '.2f'):>6} {e['gpu_below_1.2']:>6} "
-            f"{e['gpu_below_1.0']:>6}"
+            f"{e['gpu_below_1.0']:>6}   {e['floor_rows']:>10} {_fmt(e['floor_median'], '.2f'):>7} "
+            f"{_fmt(e['floor_max'], '.2f'):>6}"
         )
     return "\n".join(lines)
 

@@ -164,7 +164,7 @@ def test_family_of_maps_the_fixed_workloads():
     assert families.family_of("graph-am") == "other"
 
 
-def _row(case, impl, lat, thr=None, gpu=None, workload="room-2cm", family=None, status="ok"):
+def _row(case, impl, lat, thr=None, gpu=None, workload="room-2cm", family=None, status="ok", floor=None):
     row = dict(
         suite="voxel",
         device="cuda",
@@ -175,6 +175,7 @@ def _row(case, impl, lat, thr=None, gpu=None, workload="room-2cm", family=None, 
         latency_ms=lat,
         throughput_ms=thr if thr is not None else lat,
         gpu_ms=gpu,
+        floor_ms=floor,
     )
     if family:
         row["family"] = family
@@ -184,7 +185,7 @@ def _row(case, impl, lat, thr=None, gpu=None, workload="room-2cm", family=None, 
 def test_family_summary_of_a_synthetic_result_list():
     rows = [
         # room: speedups over the best peer 2.0 (a slower second peer ignored), 1.1 and 0.8
-        _row("a", "relconv", 1.0, gpu=1.0, family="room"),
+        _row("a", "relconv", 1.0, gpu=1.0, family="room", floor=0.5),
         _row("a", "spconv", 2.0, gpu=1.5),
         _row("a", "torchsparse", 5.0, gpu=4.0),
         _row("b", "relconv", 1.0, thr=2.0, family="room"),
@@ -200,14 +201,19 @@ def test_family_summary_of_a_synthetic_result_list():
         _row("e", "spconv", 6.0),
         _row("f", "relconv", 2.0, workload="aggregate-1m"),
         _row("f", "spconv", None, status="error: boom"),
-        # relconv alone (a map case) and another suite: not summarised
-        _row("g", "relconv", 1.0),
+        # relconv alone (a map case): only its GPU time over the floor; another suite: not summarised
+        _row("g", "relconv", 1.0, gpu=0.9, floor=0.3),
+        _row("i", "relconv", 1.0, gpu=0.4, floor=0.2, workload="object-64"),
         dict(_row("h", "relconv", 1.0), suite="graph"),
         dict(_row("h", "pyg", 2.0), suite="graph"),
     ]
     summary = {e["family"]: e for e in report.family_summary(rows)}
-    assert set(summary) == {"room", "aggregate"}
+    assert set(summary) == {"room", "aggregate", "object"}
     room = summary["room"]
+    assert room["floor_rows"] == 2 and room["floor_median"] == pytest.approx(2.5)
+    assert room["floor_max"] == pytest.approx(3.0)
+    obj = summary["object"]
+    assert obj["rows"] == 0 and obj["median"] is None and obj["floor_max"] == pytest.approx(2.0)
     assert room["rows"] == 4
     assert room["median"] == pytest.approx((1.1 + 1.3) / 2)
     assert room["min"] == pytest.approx(0.8)
@@ -215,7 +221,7 @@ def test_family_summary_of_a_synthetic_result_list():
     assert room["gpu_rows"] == 1 and room["gpu_min"] == pytest.approx(1.5)
     agg = summary["aggregate"]
     assert agg["rows"] == 1 and agg["min"] == pytest.approx(3.0) and agg["below_1.2"] == 0
-    assert agg["gpu_rows"] == 0 and agg["gpu_median"] is None
+    assert agg["gpu_rows"] == 0 and agg["gpu_median"] is None and agg["floor_rows"] == 0
     text = report.table(rows)
     assert "per scene family" in text and "aggregate" in text
 
