@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from relconv.voxel import MapCache, VoxelTensor
+from relconv.voxel.utils import small_constant
 
 __all__ = [
     "SparseTensor",
@@ -128,7 +129,7 @@ class SparseTensor:
     def coords(self) -> Tensor:
         if self._coords is None:
             base = self._base
-            step = torch.tensor((1, *base.stride), dtype=base.coords.dtype, device=base.coords.device)
+            step = small_constant((1, *base.stride), base.coords.device, base.coords.dtype)
             self._coords = torch.div(base.coords, step, rounding_mode="floor")
         return self._coords
 
@@ -229,7 +230,7 @@ class SparseTensor:
                 caches = self._caches = TensorCache()
             fine = coords
             if stride != (1, 1, 1):
-                step = torch.tensor((1, *stride), dtype=coords.dtype, device=coords.device)
+                step = small_constant((1, *stride), coords.device, coords.dtype)
                 fine = coords * step
             vt = VoxelTensor(self.feats, fine, stride, cache=caches.voxel)
             fine = vt.coords  # int32

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from relconv.core import RelationalMap, index_dtype_for
 from relconv.ops import coord_ops
-from relconv.voxel.utils import Triple
+from relconv.voxel.utils import Triple, small_constant
 
 # ---------------------------------------------------------------------------- coordinate keys
 
@@ -88,7 +88,7 @@ class KeyPacking:
     def pack(self, coords: Tensor) -> Tensor:
         """[N, 4] integer coordinates -> [N] int64 keys (order = lexicographic (b, x, y, z))."""
         c = coords.long()
-        return ((c - _int64_on(self.lo, c.device)) * _int64_on(self.mult, c.device)).sum(1)
+        return ((c - small_constant(self.lo, c.device)) * small_constant(self.mult, c.device)).sum(1)
 
     def unpack(self, keys: Tensor) -> Tensor:
         """[N] int64 keys -> [N, 4] int32 coordinates."""
@@ -102,15 +102,7 @@ class KeyPacking:
 
     def delta(self, offsets: Tensor) -> Tensor:
         """[K, 3] spatial offsets -> [K] int64 key deltas (valid because fields never carry)."""
-        return (offsets.long() * _int64_on(self.mult[1:], offsets.device)).sum(1)
-
-
-def _int64_on(values: tuple[int, ...], device: torch.device) -> Tensor:
-    """A small int64 constant on `device`. A CUDA copy goes from pinned memory, asynchronously: a
-    copy from pageable memory waits for the GPU."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=torch.int64, device=device)
-    return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
+        return (offsets.long() * small_constant(self.mult[1:], offsets.device)).sum(1)
 
 
 def bounds(coords: Tensor) -> tuple[list[int], list[int]]:
@@ -567,7 +559,7 @@ def strided_output_coords(coords: Tensor, stride: Triple, tensor_stride: Triple)
 
 def _coarsen(coords: Tensor, out_step: Triple, packing: KeyPacking) -> Tensor:
     c = coords.long()
-    step = torch.tensor((1, *out_step), dtype=torch.int64, device=c.device)
+    step = small_constant((1, *out_step), c.device)
     coarse = torch.div(c, step, rounding_mode="floor") * step
     return packing.unpack(torch.unique(packing.pack(coarse), sorted=True))
 

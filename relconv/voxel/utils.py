@@ -1,10 +1,12 @@
-"""Argument normalisation and module access shared by the voxel front end."""
+"""Argument normalisation, module access and small device constants shared by the voxel front end
+and the shims."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 Triple = tuple[int, int, int]
 
@@ -40,3 +42,11 @@ def registered(module: nn.Module, name: str):
     if name in buffers:
         return buffers[name]
     return getattr(module, name)
+
+
+def small_constant(values: Sequence[int], device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
+    """A small integer constant on `device`. A CUDA copy goes from pinned memory, asynchronously: a
+    copy from pageable memory waits for the GPU."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

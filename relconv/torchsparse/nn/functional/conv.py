@@ -40,7 +40,9 @@ from relconv.torchsparse.tensor import SparseTensor, TensorCache, get_allow_nega
 from relconv.voxel import MapCache, PreparedCalls, VoxelTensor
 from relconv.voxel import conv3d as voxel_conv3d
 from relconv.voxel.grid_map import build_map
+from relconv.voxel.kernel_map import bounds
 from relconv.voxel.nn import inference_folding_enabled
+from relconv.voxel.utils import small_constant
 
 __all__ = ["conv3d"]
 
@@ -357,8 +359,7 @@ def _downsample(
     if known is not None and known[0].shape == coords.shape and bool(torch.equal(known[0], coords)):
         coords, fine = known
     else:
-        step = torch.tensor((1, *out_ts), dtype=torch.int32, device=coords.device)
-        fine = coords * step
+        fine = coords * small_constant((1, *out_ts), coords.device, torch.int32)
         if known is None:
             caches.pairs[out_ts] = (coords, fine)
             vt.cache.coords[out_ts] = fine
@@ -382,7 +383,7 @@ def _grid_map(
     if get_allow_negative_coordinates() or coords.shape[0] == 0:
         return None
     c = coords if coords.dtype == torch.int32 else coords.int()
-    low, top = torch.stack(torch.aminmax(c, dim=0)).tolist()  # one host read: the grid's extent
+    low, top = bounds(c)  # one host read: the grid's extent
     if min(low) < 0:
         return None
     if out_range is not None:
@@ -410,13 +411,11 @@ def downsample_coords(
     if c.shape[0] == 0:
         return coords.new_zeros(0, 4, dtype=torch.int32)
     if floor:
-        step = torch.tensor((1, *s), device=device)
+        step = small_constant((1, *s), device)
         return torch.unique(torch.div(c, step, rounding_mode="floor"), dim=0).to(torch.int32)
-    kt = torch.tensor(k, device=device)
-    st = torch.tensor(s, device=device)
-    pt = torch.tensor(padding, device=device)
+    kt, st, pt = small_constant(k, device), small_constant(s, device), small_constant(padding, device)
     if out_range is not None:
-        hi = torch.tensor([r - 1 for r in out_range[1:]], device=device)
+        hi = small_constant([r - 1 for r in out_range[1:]], device)
     else:
         hi = torch.div(c[:, 1:].amax(0) + 2 * pt - (kt - 1), st, rounding_mode="floor")
     if get_allow_negative_coordinates():
