@@ -33,6 +33,8 @@ unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(b);
 }
 
+// The key set's slots: a power of two above the candidate count, so that an empty slot always ends
+// a probe.
 int64_t power_of_two_above(int64_t n) {
   int64_t cap = 32;
   while (cap <= n) cap *= 2;
@@ -116,7 +118,7 @@ std::tuple<at::Tensor, at::Tensor> grid_conv_map_cuda(const at::Tensor& coords, 
   int64_t per_input = 1;
   for (int a = 0; a < 3; ++a) per_input *= reach_bound(forward.axis[a], kernel_size[a]);
   const int64_t candidates = std::max<int64_t>(1, n * per_input);
-  const int64_t in_capacity = power_of_two_above(2 * n - 1), key_capacity = power_of_two_above(candidates);
+  const int64_t in_capacity = cuda::SlotLayout::capacity_for(n), key_capacity = power_of_two_above(candidates);
   RELCONV_CHECK(key_capacity <= kInt32Max, "relconv grid_conv_map: ", candidates, " candidate sites is too many");
   // Bytes: words [count, inverted error word, 2 pad] | input hash slots | site key set | selected keys
   // | CUB's scratch. One 0xFF memset sets the words, the slots and the set.

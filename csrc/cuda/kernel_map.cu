@@ -55,12 +55,6 @@ at::Tensor row_major_coords(const at::Tensor& coords, const char* name) {
   return c;
 }
 
-int64_t hash_capacity(int64_t n) {
-  int64_t cap = 32;
-  while (cap < 2 * n) cap *= 2;
-  return cap;
-}
-
 cuda::HashView view(const at::Tensor& coords, const at::Tensor& slots) {
   return cuda::HashView{coords.const_data_ptr<int32_t>(), slots.const_data_ptr<int32_t>(),
                         cuda::SlotLayout::of_capacity(slots.numel()), coords.size(0)};
@@ -231,7 +225,7 @@ void insert_rows(const at::Tensor& c, int32_t* slots, int64_t capacity, int32_t*
 // (kErr* bits, inverted: see kernel_map_hash.cuh); no host synchronisation. Both live in one buffer
 // set by one memset.
 std::tuple<at::Tensor, at::Tensor> hash_rows(const at::Tensor& c, cudaStream_t stream) {
-  const int64_t capacity = hash_capacity(c.size(0));
+  const int64_t capacity = cuda::SlotLayout::capacity_for(c.size(0));
   const at::Tensor buffer = memset_tensor({capacity + 1}, c.options(), kAllOnes, stream);
   at::Tensor slots = buffer.narrow(0, 0, capacity);
   at::Tensor error = buffer.narrow(0, capacity, 1);
@@ -342,7 +336,7 @@ at::Tensor coarse_sites(const at::Tensor& c, at::IntArrayRef step, const int32_t
   const int64_t n = c.size(0);
   // int32 layout: status [count, inverted error word, 2 pad] | slots | coarse [n, 4] | representative
   // [n] | selected rows [n] | CUB's scratch (256-byte aligned). Offsets keep the rows 16-byte aligned.
-  const int64_t capacity = hash_capacity(n);
+  const int64_t capacity = cuda::SlotLayout::capacity_for(n);
   const int64_t at_slots = 4, at_coarse = at_slots + capacity, at_rep = at_coarse + 4 * n, at_rows = at_rep + n;
   const int64_t at_temp = (at_rows + n + 63) / 64 * 64;
   size_t temp_bytes = 0;
@@ -468,7 +462,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> hashed_submanifold_table
     if (one_buffer && narrow) {
       // int32 layout: table [n, K] | slots | error word, all ones (-1: no neighbour, empty slot),
       // set by a memset or by the fused kernel's first phase.
-      const int64_t capacity = hash_capacity(n), words = entries + capacity + 1;
+      const int64_t capacity = cuda::SlotLayout::capacity_for(n), words = entries + capacity + 1;
       const at::Tensor buffer =
           fused ? at::empty({words}, c.options()) : memset_tensor({words}, c.options(), kAllOnes, stream);
       table = buffer.as_strided({n, g.volume}, {g.volume, 1}, 0);

@@ -65,6 +65,13 @@ struct SlotLayout {
   uint32_t mask;
   int32_t row_bits;  // k - 1
 
+  // Slots of a table over `rows` rows: the smallest power of two >= 2 * rows (at least 32), so the
+  // table stays at most half full, which the row bits above rely on.
+  static int64_t capacity_for(int64_t rows) {
+    int64_t cap = 32;
+    while (cap < 2 * rows) cap *= 2;
+    return cap;
+  }
   static SlotLayout of_capacity(int64_t capacity) {
     int32_t k = 0;
     while ((int64_t{1} << k) < capacity) ++k;
