@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from relconv._ext import _C  # noqa: F401  (registers torch.ops.relconv)
-from relconv.core import RelationalMap
+from relconv.core import RelationalMap, index_dtype_for
 
 _INT32_MAX = 2**31 - 1
 _GRID_CONV_MAP = torch.ops.relconv.grid_conv_map.default
@@ -47,10 +47,6 @@ def deconv_output_size(
         (n - 1) * ss - 2 * pp + kk + op
         for n, kk, ss, pp, op in zip(shape, k, s, p, output_padding, strict=True)
     ]
-
-
-def _index_dtype(*sizes: int) -> torch.dtype:
-    return torch.int32 if max(sizes, default=0) <= _INT32_MAX else torch.int64
 
 
 def build_map(
@@ -116,7 +112,7 @@ def build_map(
     num_out = out_keys.numel()
     rel_ptr = torch.zeros(num_rel + 1, dtype=torch.int64, device=device)
     torch.cumsum(torch.bincount(rel, minlength=num_rel), 0, out=rel_ptr[1:])
-    idt = _index_dtype(num_in, num_out, count)
+    idt = index_dtype_for(num_in, num_out, count)
     # One input meets one output per kernel index and back (o and i determine each other): injective.
     rmap = RelationalMap(
         inp.to(idt), out_row.to(idt), rel_ptr, num_in, num_out, injective=True, validate=False

@@ -216,13 +216,8 @@ def run_conv(
             return _wrap(out, out_ts, out_range, caches, hint)
         if record.voxel is not None:
             vt = VoxelTensor(vt.feats, vt.coords, vt.stride, cache=record.voxel)
-    if runs is not None:
-        geometry, calls = runs.layer(k, lows)
-        weight = runs.weight(weight, lows, geometry)
-    else:
-        geometry, calls = relconv_geometry(k, lows), None
-        index = None if geometry.index is None else torch.tensor(geometry.index, device=weight.device)
-        weight = to_relconv(weight, geometry, index)
+    geometry, calls = runs.layer(k, lows) if runs is not None else (relconv_geometry(k, lows), None)
+    weight = _converted(weight, lows, geometry, runs)
     out = voxel_conv3d(
         vt,
         weight,
@@ -247,12 +242,18 @@ def _grid_conv(
 ) -> Tensor:
     """The conv of `feats` over a grid map (relation = kernel digits, first axis slowest) with
     TorchSparse's `kernel` reordered to it (`grid_geometry`)."""
-    geometry = grid_geometry(k)
+    weight = _converted(kernel, ("grid", k), grid_geometry(k), runs)
     if runs is not None:
-        weight = runs.weight(kernel, ("grid", k), geometry)
         return runs.grid_calls(feats, weight, rmap, bias, activation)
+    return relational_conv(feats, weight, rmap, bias=bias, activation=activation)
+
+
+def _converted(kernel: Tensor, layout: tuple, geometry: Geometry, runs: Runs | None) -> Tensor:
+    """`kernel` in `geometry`'s order: kept by the module's `runs`, or converted for this call."""
+    if runs is not None:
+        return runs.weight(kernel, layout, geometry)
     index = None if geometry.index is None else torch.tensor(geometry.index, device=kernel.device)
-    return relational_conv(feats, to_relconv(kernel, geometry, index), rmap, bias=bias, activation=activation)
+    return to_relconv(kernel, geometry, index)
 
 
 def _single_offset(weight: Tensor) -> Tensor:
