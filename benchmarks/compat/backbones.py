@@ -235,10 +235,8 @@ def _pointcept_build(root: Path, v: Voxels) -> torch.nn.Module:
 def _ts_input(v: Voxels, feats: torch.Tensor):
     from torchsparse import SparseTensor
 
-    from benchmarks.peers.torchsparse import spatial_range
-
     coords = v.coords.to(feats.device).int().contiguous()
-    return SparseTensor(feats, coords, spatial_range=spatial_range(v.coords, v.batch_size))
+    return SparseTensor(feats, coords, spatial_range=v.torchsparse_range)
 
 
 def _ts_outputs(model, result) -> dict:

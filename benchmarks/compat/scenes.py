@@ -12,6 +12,7 @@ rows in the same order.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +30,14 @@ class Voxels:
     feats: torch.Tensor  # [N, 4] float32 (x, y, z, intensity) means
     batch_size: int
     grid_size: tuple[int, int, int]  # (x, y, z) extent of the grid
+
+    @functools.cached_property
+    def torchsparse_range(self) -> tuple[int, int, int, int]:
+        """TorchSparse's `spatial_range` of these coordinates: a property of the data set, computed
+        once, as a training loop that knows its grid passes it (not a CPU reduction in every call)."""
+        from benchmarks.peers.torchsparse import spatial_range
+
+        return spatial_range(self.coords, self.batch_size)
 
 
 def scans(count: int = 4, beams: int = 64, azimuth_steps: int = 1800) -> list[tuple[np.ndarray, np.ndarray]]:

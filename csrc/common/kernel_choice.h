@@ -60,6 +60,9 @@ enum class Config : int {
   kWeightGradMma32,
   kWeightGradMma64,
   kWeightGradMma128,
+  kWeightGradExact32,
+  kWeightGradExact64,
+  kWeightGradExact128,
   kWeightGradSimt32,
   kWeightGradSimt64,
 };
@@ -104,6 +107,9 @@ constexpr TileShape tiles(Config c, int bytes) {
     case Config::kWeightGradMma32: return {32, 32, narrow_k, 16, 16, 4};
     case Config::kWeightGradMma64: return {64, 64, narrow_k, 32, 32, 4};
     case Config::kWeightGradMma128: return {128, 128, narrow_k, 64, 32, 3};
+    case Config::kWeightGradExact32: return {32, 32, narrow_k, 16, 32, 4};
+    case Config::kWeightGradExact64: return {64, 64, narrow_k, 32, 32, 4};
+    case Config::kWeightGradExact128: return {128, 128, narrow_k, 32, 64, 3};
     case Config::kWeightGradSimt32: return {32, 32, 16, 2, 2, 1};
     case Config::kWeightGradSimt64: return {64, 64, 16, 4, 4, 1};
     default: return {0, 0, 0, 0, 0, 0};
@@ -143,6 +149,9 @@ constexpr const char* config_name(Config c) {
     case Config::kWeightGradMma32: return "weight_grad_mma_32";
     case Config::kWeightGradMma64: return "weight_grad_mma_64";
     case Config::kWeightGradMma128: return "weight_grad_mma_128";
+    case Config::kWeightGradExact32: return "weight_grad_exact_32";
+    case Config::kWeightGradExact64: return "weight_grad_exact_64";
+    case Config::kWeightGradExact128: return "weight_grad_exact_128";
     case Config::kWeightGradSimt32: return "weight_grad_simt_32";
     case Config::kWeightGradSimt64: return "weight_grad_simt_64";
     default: return "unknown";
@@ -181,6 +190,9 @@ constexpr const char* family_name(Config c) {
     case Config::kWeightGradMma32:
     case Config::kWeightGradMma64:
     case Config::kWeightGradMma128: return "weight_grad_mma";
+    case Config::kWeightGradExact32:
+    case Config::kWeightGradExact64:
+    case Config::kWeightGradExact128: return "weight_grad_exact_fp32";
     case Config::kWeightGradSimt32:
     case Config::kWeightGradSimt64: return "weight_grad_simt";
     default: return "unknown";
@@ -378,19 +390,21 @@ struct WeightGradProblem {
   bool vec_x = false, vec_g = false;
 };
 
-// Tensor cores (16-byte rows, sm_80+: mma.sync and cp.async): square tiles as wide as the channels,
-// 4 warps (8 at C >= 128, whose 128 x 128 tile gathers each pair's rows once instead of twice), K
-// steps of 64 bytes. Other rows, exact fp32, fp64 and older GPUs take the SIMT kernel. The tensor-
-// core kernel runs as one cooperative launch where one fits the GPU (cuda/conv_launch.cuh).
+// The pipelined kernel (16-byte rows, sm_80+: cp.async): square tiles as wide as the channels, 4
+// warps (8 at C >= 128, whose 128 x 128 tile gathers each pair's rows once instead of twice), K steps
+// of 64 bytes; mma.sync for 16-bit types and TF32, fmas for exact fp32 (8 x 8 per lane at C >= 128).
+// Other rows, fp64 and older GPUs take the SIMT kernel. The pipelined kernel runs as one cooperative
+// launch where one fits the GPU (cuda/conv_launch.cuh).
 constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& dev) {
-  const bool tensor_cores = (is_16bit(p.dtype) || (p.dtype == Dtype::kFloat && p.allow_tf32)) && p.vec_x &&
-                            p.vec_g && dev.major >= 8;
-  if (tensor_cores) {
-    if (p.cin_g <= 32 && p.cout_g <= 32) return Config::kWeightGradMma32;
-    if (p.cin_g >= 128 && p.cout_g >= 128) return Config::kWeightGradMma128;
-    return Config::kWeightGradMma64;
+  const bool pipelined = (is_16bit(p.dtype) || p.dtype == Dtype::kFloat) && p.vec_x && p.vec_g && dev.major >= 8;
+  const bool narrow = p.cin_g <= 32 && p.cout_g <= 32, wide = p.cin_g >= 128 && p.cout_g >= 128;
+  if (pipelined && (is_16bit(p.dtype) || p.allow_tf32)) {
+    return narrow ? Config::kWeightGradMma32 : wide ? Config::kWeightGradMma128 : Config::kWeightGradMma64;
   }
-  return p.cin_g <= 32 && p.cout_g <= 32 ? Config::kWeightGradSimt32 : Config::kWeightGradSimt64;
+  if (pipelined) {
+    return narrow ? Config::kWeightGradExact32 : wide ? Config::kWeightGradExact128 : Config::kWeightGradExact64;
+  }
+  return narrow ? Config::kWeightGradSimt32 : Config::kWeightGradSimt64;
 }
 
 }  // namespace relconv::choice

@@ -303,12 +303,13 @@ int64_t workspace_target_tiles(int64_t per_relation, int64_t elem_bytes, int64_t
 // bound. An undefined tensor (nothing launched) otherwise.
 // H100, 64-beam scan, C64 fp16 (2M pairs), one op call against the three-launch form: host 29-32 ->
 // 13-15 us, GPU (queued) 46-47.5 -> 45-46 us (python -m benchmarks.run --suite voxel, fwd+bwd rows).
-template <typename T, typename Idx, typename Cfg, int kStages>
+template <typename T, typename Idx, typename Cfg, int kStages, bool kExact>
 at::Tensor launch_weight_grad_fused(cuda::WeightGradArgs<T, Idx> a, int64_t y, int64_t target_blocks,
                                     const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
   constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
   constexpr int kBytes = cuda::WeightGradSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
-  constexpr auto kernel = cuda::conv_weight_grad_mma_fused<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages>;
+  constexpr auto kernel =
+      cuda::conv_weight_grad_mma_fused<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kExact>;
   if (!cooperative_ok()) return {};
   allow_dynamic_smem<kernel>(kBytes);
   const int64_t per_relation = int64_t{a.groups} * a.cin_g * a.cout_g;
@@ -337,12 +338,13 @@ at::Tensor launch_weight_grad_fused(cuda::WeightGradArgs<T, Idx> a, int64_t y, i
 }
 
 // Launches one weight-gradient kernel over every relation and returns dW in `out` (x's dtype or the
-// float32 accumulator's: then the atomic path returns its buffer as it is). Tensor cores: one
-// cooperative launch where it can (launch_weight_grad_fused). Otherwise, deterministic mode:
+// float32 accumulator's: then the atomic path returns its buffer as it is). The pipelined kernel
+// (tensor cores, or exact fp32 with kExact): one cooperative launch where it can
+// (launch_weight_grad_fused). Otherwise, deterministic mode:
 // per-tile partial sums, then weight_grad_reduce (3 launches, no atomics); else atomics into an
 // fp32/fp64 buffer zeroed by the schedule launch, and a cast unless `out` is that buffer's dtype
 // (2 or 3 launches).
-template <typename T, typename Idx, typename Cfg, int kStages, bool kTensorCores>
+template <typename T, typename Idx, typename Cfg, int kStages, bool kPipelined, bool kExact>
 at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& rel_ptr, bool deterministic,
                               const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
   const int m_tiles = (a.cin_g + Cfg::BM - 1) / Cfg::BM;
@@ -350,9 +352,9 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   const int64_t y = int64_t{m_tiles} * a.n_tiles;
   check_grid_y(y, a.groups);
   const int64_t target_blocks =
-      kTensorCores ? 4 * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
-  if constexpr (kTensorCores) {
-    at::Tensor dw = launch_weight_grad_fused<T, Idx, Cfg, kStages>(a, y, target_blocks, opts, out, stream);
+      kPipelined ? 4 * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
+  if constexpr (kPipelined) {
+    at::Tensor dw = launch_weight_grad_fused<T, Idx, Cfg, kStages, kExact>(a, y, target_blocks, opts, out, stream);
     if (dw.defined()) return dw;
   }
   const auto acc = acc_dtype(opts.dtype().toScalarType());
@@ -376,10 +378,11 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
     a.dw = reinterpret_cast<acc_t<T>*>(buffer.mutable_data_ptr());
   }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y), static_cast<unsigned>(a.groups));
-  if constexpr (kTensorCores) {
+  if constexpr (kPipelined) {
     constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
     constexpr int kBytes = cuda::WeightGradSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
-    constexpr auto kernel = cuda::conv_weight_grad_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages>;
+    constexpr auto kernel =
+        cuda::conv_weight_grad_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kExact>;
     allow_dynamic_smem<kernel>(kBytes);
     kernel<<<grid, kThreads, kBytes, stream>>>(a);
   } else {
@@ -418,18 +421,21 @@ at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at:
   p.vec_g = a.vec_g;
   const C config = choice::weight_grad_kernel(p, current_device());
   switch (config) {
-#define RELCONV_WEIGHT_GRAD(K, kTensorCores)                                                                      \
-  case C::K:                                                                                                      \
-    if constexpr (!kTensorCores || k16Bit<T> || std::is_same_v<T, float>) {                                       \
-      return launch_weight_grad<T, Idx, TilesOf<C::K, T>, kStagesOf<C::K, T>, kTensorCores>(a, rel_ptr, deterministic, \
-                                                                                         opts, out, stream);      \
-    }                                                                                                             \
+#define RELCONV_WEIGHT_GRAD(K, kPipelined, kExact)                                                             \
+  case C::K:                                                                                                    \
+    if constexpr (!kPipelined || (kExact ? std::is_same_v<T, float> : k16Bit<T> || std::is_same_v<T, float>)) { \
+      return launch_weight_grad<T, Idx, TilesOf<C::K, T>, kStagesOf<C::K, T>, kPipelined, kExact>(               \
+          a, rel_ptr, deterministic, opts, out, stream);                                                         \
+    }                                                                                                           \
     break;
-    RELCONV_WEIGHT_GRAD(kWeightGradMma32, true)
-    RELCONV_WEIGHT_GRAD(kWeightGradMma64, true)
-    RELCONV_WEIGHT_GRAD(kWeightGradMma128, true)
-    RELCONV_WEIGHT_GRAD(kWeightGradSimt32, false)
-    RELCONV_WEIGHT_GRAD(kWeightGradSimt64, false)
+    RELCONV_WEIGHT_GRAD(kWeightGradMma32, true, false)
+    RELCONV_WEIGHT_GRAD(kWeightGradMma64, true, false)
+    RELCONV_WEIGHT_GRAD(kWeightGradMma128, true, false)
+    RELCONV_WEIGHT_GRAD(kWeightGradExact32, true, true)
+    RELCONV_WEIGHT_GRAD(kWeightGradExact64, true, true)
+    RELCONV_WEIGHT_GRAD(kWeightGradExact128, true, true)
+    RELCONV_WEIGHT_GRAD(kWeightGradSimt32, false, false)
+    RELCONV_WEIGHT_GRAD(kWeightGradSimt64, false, false)
 #undef RELCONV_WEIGHT_GRAD
     default: break;
   }

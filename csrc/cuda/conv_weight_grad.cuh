@@ -8,7 +8,7 @@
 // row-contiguous global reads, and the k-major layouts the MMA consumes. A block reduces its whole
 // tile in registers, then either adds its partial dW into the fp32/fp64 buffer with atomics
 // (`partial` null), or stores it to `partial[tile]`, and weight_grad_reduce sums the tiles of each
-// relation in tile order: the deterministic mode, bitwise reproducible. The tensor-core kernel also
+// relation in tile order: the deterministic mode, bitwise reproducible. The pipelined kernel also
 // runs all of that as one cooperative launch (conv_weight_grad_mma_fused): schedule, tile sums and,
 // after a grid barrier, the reduction; deterministic as well.
 #include <cooperative_groups.h>
@@ -68,14 +68,15 @@ struct SlabScale {
   }
 };
 
-// Tensor-core variant (sm_80+; half / bfloat16, and float in TF32 mode): a kStages-deep cp.async
-// pipeline over the tile's K steps feeding mma.sync (MmaWarpTile, A k-major). Each thread copies the
+// Pipelined variant (sm_80+): a kStages-deep cp.async pipeline over the tile's K steps feeding
+// mma.sync (MmaWarpTile, A k-major: half / bfloat16, and float in TF32 mode) or, with kExact, exact
+// fp32 fmas on CUDA cores (SimtOuterWarpTile). Each thread copies the
 // same 16-byte chunk column of fixed rows of both operands in every step (FixedChunkLoader; BM == BN
 // so the x and grad_out tiles share the mapping), and fetches the pair indices of its rows one step
 // ahead into registers, so the index loads overlap a step of MMA instead of stalling the copies.
 // The pair scale (R-GCN's 1/deg) multiplies the grad_out fragments in registers, from a per-stage
-// shared-memory copy of the step's scales. Needs vec_x and vec_g (16-byte rows); columns past C_in /
-// C_out are zero-filled per thread.
+// shared-memory copy of the step's scales (exact fp32: the B operand as it is read). Needs vec_x
+// and vec_g (16-byte rows); columns past C_in / C_out are zero-filled per thread.
 template <typename T, int BM, int BN, int BK, int kStages>
 struct WeightGradSmem {
   static constexpr int kLdA = BM + 8, kLdB = BN + 8;
@@ -86,10 +87,11 @@ struct WeightGradSmem {
 };
 
 // One block's pair tile `t` (block-wide), summed into dw with atomics or stored to partial[blockIdx.x].
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
 __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx>& a, const PairTile& t,
                                                      unsigned char* smem) {
   static_assert(BM == BN, "x and grad_out tiles share one chunk mapping");
+  static_assert(!kExact || std::is_same_v<T, float>, "the exact warp tile is fp32");
   using Smem = WeightGradSmem<T, BM, BN, BK, kStages>;
   constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
   constexpr int kLdA = Smem::kLdA, kLdB = Smem::kLdB;
@@ -148,7 +150,7 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
     fetch(t.begin + int64_t{load_step} * BK);
   };
 
-  MmaWarpTile<T, WM, WN> tile;
+  std::conditional_t<kExact, SimtOuterWarpTile<WM, WN>, MmaWarpTile<T, WM, WN>> tile;
   tile.zero();
   fetch(t.begin);
 #pragma unroll
@@ -167,7 +169,9 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
     const int stage = step % kStages;
     const T* As = stages + stage * Smem::kStage;
     const T* Bs = As + BK * kLdA;
-    if (a.scale) {
+    if constexpr (kExact) {
+      tile.template mma<BK>(As + wm * WM, kLdA, Bs + wn * WN, kLdB, a.scale ? s_scale + stage * BK : nullptr);
+    } else if (a.scale) {
       const float* sc = s_scale + stage * BK;
       tile.template mma<BK, true>(As + wm * WM, kLdA, Bs + wn * WN, kLdB, [&](int k, auto& fb) {
         if constexpr (std::is_same_v<T, float>) {
@@ -213,13 +217,13 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
   });
 }
 
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     conv_weight_grad_mma(const WeightGradArgs<T, Idx> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const PairTile t =
       locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.tile_ptr[a.num_relations + 1], blockIdx.x);
-  if (t.valid) weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages>(a, t, smem);
+  if (t.valid) weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages, kExact>(a, t, smem);
 }
 
 // The weight gradient in one cooperative launch (every block resident at once), where the split
@@ -232,8 +236,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 //      relation in a fixed order and round once into the output.
 // No atomics and no zeroed buffer: bitwise reproducible whatever the deterministic switch says.
 // What phase 1 and 2 wrote is read in phase 3 with ld.cg (L2), never through the non-coherent path.
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+// Exact fp32's 128 x 128 tile gets two blocks per SM (128 registers): its 8 x 8 lane tiles otherwise
+// take ~160 registers, one block per SM. (The split kernel would spill under that budget.)
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kExact && BM >= 128 ? 2 : 1)
     conv_weight_grad_mma_fused(const WeightGradArgs<T, Idx> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ PairTile s_tile;
@@ -245,7 +251,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   }
   __syncthreads();
   const PairTile t = s_tile;
-  if (t.valid) weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages>(a, t, smem);
+  if (t.valid) weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages, kExact>(a, t, smem);
   cooperative_groups::this_grid().sync();
 
   // Phase 3. kParts consecutive lanes share an output quad (4 floats; per_relation is a multiple of 4:
@@ -286,8 +292,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   }
 }
 
-// SIMT variant (float / double), same dataflow; thread (tm, tn) owns an interleaved TM x TN sub-tile.
-// Also the half / bfloat16 fallback for rows that are not 16-byte vectors (odd channel counts).
+// SIMT variant, same dataflow; thread (tm, tn) owns an interleaved TM x TN sub-tile. It serves fp64,
+// and every dtype where the pipelined kernel cannot run: rows that are not 16-byte vectors (odd
+// channel counts), GPUs before sm_80.
 // The min-blocks hint of 2 (a 128-register budget) matters: without it ptxas settles near 80 registers
 // and spills in the float instantiations.
 template <typename T, typename Idx, int BM, int BN, int BK, int TM, int TN>

@@ -304,6 +304,72 @@ struct SimtWarpTile {
   }
 };
 
+// Exact fp32 on CUDA cores with both operands k-major (A(m, k) at a[k * lda + m], B(k, n) at
+// b[k * ldb + n]): the weight gradient's gathered rows, so its pipelined kernel runs exact float too.
+// The warp's lanes form a 4 x 8 grid; lane (tm, tn) owns the row quads 4 tm + 16 i and the column
+// quads 4 tn + 32 j. Per k a lane reads WM / 16 + WN / 32 float4 (a warp: 4 distinct A quads,
+// broadcast, and 8 consecutive B quads, one 128-byte row) for WM * WN / 32 fmas, where a thread tile
+// reading scalars spends one shared load per two fmas. lda and ldb must keep rows 16-byte aligned.
+// `scale` (null: none) holds one factor per k, applied to B: the pair scale of R-GCN's 1/deg.
+template <int WM, int WN>
+struct SimtOuterWarpTile {
+  static constexpr int kRowQuads = WM / 16, kColQuads = WN / 32;
+  static_assert(WM % 16 == 0 && WN % 32 == 0, "warp tile must split over a 4 x 8 lane grid of quads");
+  float acc[4 * kRowQuads][4 * kColQuads];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 4 * kRowQuads; ++i)
+#pragma unroll
+      for (int j = 0; j < 4 * kColQuads; ++j) acc[i][j] = 0.f;
+  }
+
+  template <int BK>
+  __device__ __forceinline__ void mma(const float* a, int lda, const float* b, int ldb, const float* scale) {
+    const int lane = threadIdx.x % 32, tm = lane / 8, tn = lane % 8;
+    const float* ap = a + 4 * tm;
+    const float* bp = b + 4 * tn;
+#pragma unroll 4
+    for (int k = 0; k < BK; ++k) {
+      float4 av[kRowQuads], bv[kColQuads];
+#pragma unroll
+      for (int i = 0; i < kRowQuads; ++i) av[i] = *reinterpret_cast<const float4*>(ap + k * lda + 16 * i);
+#pragma unroll
+      for (int j = 0; j < kColQuads; ++j) bv[j] = *reinterpret_cast<const float4*>(bp + k * ldb + 32 * j);
+      if (scale) {
+        const float s = scale[k];
+#pragma unroll
+        for (int j = 0; j < kColQuads; ++j) bv[j].x *= s, bv[j].y *= s, bv[j].z *= s, bv[j].w *= s;
+      }
+#pragma unroll
+      for (int i = 0; i < kRowQuads; ++i) {
+        const float ar[4] = {av[i].x, av[i].y, av[i].z, av[i].w};
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int j = 0; j < kColQuads; ++j) {
+            float* c = acc[4 * i + r] + 4 * j;
+            c[0] = fmaf(ar[r], bv[j].x, c[0]);
+            c[1] = fmaf(ar[r], bv[j].y, c[1]);
+            c[2] = fmaf(ar[r], bv[j].z, c[2]);
+            c[3] = fmaf(ar[r], bv[j].w, c[3]);
+          }
+      }
+    }
+  }
+
+  // store(m, n, C(m, n), C(m, n + 1)) for every even column pair of the lane (n even).
+  template <typename Store>
+  __device__ __forceinline__ void for_each_pair(Store store) const {
+    const int lane = threadIdx.x % 32, tm = lane / 8, tn = lane % 8;
+#pragma unroll
+    for (int i = 0; i < 4 * kRowQuads; ++i)
+#pragma unroll
+      for (int j = 0; j < 4 * kColQuads; j += 2)
+        store(4 * tm + 16 * (i / 4) + i % 4, 4 * tn + 32 * (j / 4) + j % 4, acc[i][j], acc[i][j + 1]);
+  }
+};
+
 // One thread owns TM x TN elements of a BM x BN block of C: rows tm + i * (BM / TM), columns
 // tn + j * (BN / TN). Interleaving (instead of contiguous micro-tiles) makes a warp's B reads and its
 // epilogue atomics hit consecutive addresses. A is channel-major: A(m, k) at a[k * lda + m].

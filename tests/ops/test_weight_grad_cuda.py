@@ -1,7 +1,8 @@
-"""The CUDA weight gradient (pipelined tensor-core kernel, SIMT fallback) against the float64
-reference, in both reduction modes: atomics, and the deterministic per-tile partial sums taken under
-torch.use_deterministic_algorithms(True). Outside graph capture the tensor-core kernel runs as one
-cooperative launch (deterministic in either mode); a captured graph records the split kernels."""
+"""The CUDA weight gradient (pipelined kernel: tensor cores, or fmas for exact fp32; SIMT fallback)
+against the float64 reference, in both reduction modes: atomics, and the deterministic per-tile
+partial sums taken under torch.use_deterministic_algorithms(True). Outside graph capture the
+pipelined kernel runs as one cooperative launch (deterministic in either mode); a captured graph
+records the split kernels."""
 
 import pytest
 import torch
@@ -43,12 +44,12 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
     return x, grad
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("with_scale", [False, True], ids=["unscaled", "scaled"])
-# (C_in, C_out, groups): the 32 / 64 / 128 tensor-core tiles, partial column tiles (24 -> 40,
-# 128 -> 96, 200), rectangular (32 -> 64), grouped, and 12 -> 20 (rows that are not 16-byte vectors:
-# the SIMT fallback).
+# (C_in, C_out, groups): the 32 / 64 / 128 pipelined tiles, partial column tiles (24 -> 40,
+# 128 -> 96, 200), rectangular (32 -> 64), grouped, and 12 -> 20 (16-bit rows that are not 16-byte
+# vectors: the SIMT fallback). fp32 is exact (TF32 off): the pipelined kernel's fma warp tiles.
 @pytest.mark.parametrize(
     "cin,cout,groups",
     [
