@@ -198,7 +198,7 @@ def _torchsparse_backbones(root: Path) -> types.ModuleType:
 def _pcdet_input(v: Voxels, feats: torch.Tensor) -> dict:
     return {
         "voxel_features": feats,
-        "voxel_coords": v.coords[:, [0, 3, 2, 1]].to(feats.device),  # OpenPCDet: (b, z, y, x)
+        "voxel_coords": v.coords_bzyx.to(feats.device),
         "batch_size": v.batch_size,
     }
 
@@ -209,12 +209,8 @@ def _pcdet_outputs(model, result: dict) -> dict:
 
 
 def _pointcept_input(v: Voxels, feats: torch.Tensor) -> dict:
-    counts = torch.bincount(v.coords[:, 0].long(), minlength=v.batch_size)
-    return {
-        "grid_coord": v.coords[:, 1:].to(feats.device),
-        "feat": feats,
-        "offset": torch.cumsum(counts, 0).to(feats.device),
-    }
+    device = feats.device
+    return {"grid_coord": v.coords[:, 1:].to(device), "feat": feats, "offset": v.offsets.to(device)}
 
 
 def _pointcept_outputs(model, result: torch.Tensor) -> dict:
