@@ -25,9 +25,11 @@ fi
 PYTEST=(python -m pytest -q -p no:cacheprovider -m cuda -W ignore::UserWarning)
 
 # Every kernel and dtype once: parity (pair path, 4 dtypes, groups), the table path in two shapes
-# (scalar and vector loads), the map builders.
-MEDIUM=(tests/ops/test_relational_conv_cuda.py tests/voxel/test_kernel_map_cuda.py
-        -k "test_cpu_cuda_parity and (16-16-1 or 32-48-4) or test_neighbor_table_forward_and_gradients and (3-17-1-torch.int32 or 64-64-2-torch.int64) or test_submanifold_matches_reference and dilation0-1-kernel0 or test_strided_matches_reference and dilation0-1-2-kernel1 or test_transposed_table or test_empty_and_single_voxel")
+# (scalar and vector loads), the weight gradient's 128-wide pipelined tiles (16-bit and exact fp32),
+# the map builders.
+MEDIUM_FILES=(tests/ops/test_relational_conv_cuda.py tests/ops/test_weight_grad_cuda.py tests/voxel/test_kernel_map_cuda.py)
+MEDIUM_K="test_cpu_cuda_parity and (16-16-1 or 32-48-4) or test_neighbor_table_forward_and_gradients and (3-17-1-torch.int32 or 64-64-2-torch.int64) or test_weight_grad_matches_reference and 128-128-1 and int32 or test_submanifold_matches_reference and dilation0-1-kernel0 or test_strided_matches_reference and dilation0-1-2-kernel1 or test_transposed_table or test_empty_and_single_voxel"
+MEDIUM=("${MEDIUM_FILES[@]}" -k "$MEDIUM_K")
 # racecheck instruments every shared-memory access (minutes per test): the tensor-core pair path and
 # SIMT pair path (forward, input and weight gradients) and the tensor-core neighbour-table path.
 SMALL=(tests/ops/test_relational_conv_cuda.py
@@ -84,7 +86,7 @@ run_tool() {
 
 # memcheck: MEDIUM plus hostile input on CUDA (bad indices and coordinates must not touch memory out of
 # bounds). Every CUDA test file took over 170 s under memcheck on an H100.
-MEMCHECK=("${MEDIUM[@]:0:2}" tests/test_hostile_input.py -k "(${MEDIUM[3]}) or test_hostile_input")
+MEMCHECK=("${MEDIUM_FILES[@]}" tests/test_hostile_input.py -k "($MEDIUM_K) or test_hostile_input")
 run_tool memcheck "${SANITIZE_TIMEOUT_MEMCHECK:-170}" 1 "${MEMCHECK[@]}"
 run_tool initcheck "${SANITIZE_TIMEOUT_INITCHECK:-80}" 1 "${MEDIUM[@]}"
 run_tool synccheck "${SANITIZE_TIMEOUT_SYNCCHECK:-60}" 0 "${MEDIUM[@]}"
