@@ -229,6 +229,7 @@ struct TableProblem {
   bool vec_w = false;        // weight rows allow 16-byte loads (rows of C_in_g for W^T)
   bool vec_out2 = false;     // the output allows 2-element stores
   bool weight_t = false;     // the weight is W^T's storage (the input gradient's view)
+  bool x_chunks = false;     // x rows start on C_in_g-element boundaries (relation packing)
 };
 
 struct TableChoice {
@@ -237,6 +238,7 @@ struct TableChoice {
   bool whole_tiles = false;     // mma.sync: the whole-tile (kFull) kernel
   bool reads_weight_t = false;  // reads W^T as stored, no transposed copy
   int split = 1;                // CTAs per row tile (one cluster)
+  int pack = 1;                 // mma.sync general kernel: relations per K step
 };
 
 // sm_90 (not 9.x), and this build compiled sm_90a: the wgmma kernels exist.
@@ -303,6 +305,16 @@ constexpr TableChoice table_mma(const TableProblem& p, const Device& dev, Config
   c.config = config;
   c.whole_tiles = whole;
   c.reads_weight_t = p.weight_t;
+  // Stems (2-8 input channels): a K step holds BK / C_in_g relations side by side instead of one
+  // relation zero-padded to BK, when C_in_g elements are one 4-, 8- or 16-byte cp.async (H200,
+  // cached maps, kernel us, room-3cm / batch of four 64-beam scans: fp16 5^3 4 -> 32 2129 -> 360 /
+  // 981 -> 248, 3^3 4 -> 32 558 -> 103 / 220 -> 73; exact fp32 3^3 4 -> 32 297 -> 135 / 135 -> 80).
+  // Three channels (6-byte rows) stay one relation per step.
+  const int64_t row_bytes = p.cin_g * element_bytes(p.dtype);
+  if (!whole && p.x_chunks && (row_bytes == 4 || row_bytes == 8 || row_bytes == 16) && t.bk % p.cin_g == 0 &&
+      t.bk > p.cin_g) {
+    c.pack = static_cast<int>(t.bk / p.cin_g);
+  }
   c.split = relation_split(dev, (p.num_out + t.bm - 1) / t.bm * ((p.cout_g + t.bn - 1) / t.bn) * p.groups,
                            p.num_relations);
   return c;

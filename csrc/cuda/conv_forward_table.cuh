@@ -40,7 +40,9 @@ struct ConvTableArgs {
   bool weight_t;
   bool vec_out2;       // two-element (4-byte) stores allowed for output rows
   bool relu;           // max(0, .) after the bias, in the epilogue
+  bool x_chunks;       // x rows start on C_in_g-element boundaries (relation packing's cp.async)
   int split = 1;       // CTAs per row tile, one cluster (relation_split_sum); sm_90+ only past 1
+  int pack = 1;        // relations per K step of the general mma.sync kernel (C_in_g * pack = BK)
 };
 
 // The fused epilogue of output column c (group offset excluded: `bias` points at the group's
@@ -174,7 +176,10 @@ struct TableColumn {
 // pipeline: step t + kStages - 1 is in flight while step t is multiplied, one barrier per step.
 // kFull (C_in_g a multiple of BK, C_out_g of BN, 16-byte rows: every tile row wholly in or out) loads
 // with FixedChunkLoader; otherwise load_rows_async handles partial tiles, and rows that do not meet
-// the 16-byte preconditions are loaded synchronously into the stage.
+// the 16-byte preconditions are loaded synchronously into the stage. With a.pack > 1 (C_in_g of 4, 8
+// or 16 bytes, a.pack * C_in_g = BK: the stems' 3-8 input channels) a step holds a.pack relations side
+// by side, each tile row's C_in_g elements of one relation in one cp.async, and the matching C_in_g
+// rows of each W[r] below one another: K steps a.pack times as full as one zero-padded relation.
 // Warps form a (BM/WM) x (BN/WN) grid of mma.sync tiles (MmaWarpTile); the epilogue stores pairs of
 // output elements straight from the accumulators.
 constexpr int kRelChunk = 32;
@@ -302,17 +307,51 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   // Stages are used round robin across relation chunks; the next step to load is (relation
   // s_chunk.list[load_j], K chunk load_k).
   int load_stage = 0, mma_stage = 0;
+  const int pack = kFull ? 1 : a.pack;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk) * k_steps;
+    const int count = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk);
+    const int steps = pack > 1 ? (count + pack - 1) / pack : count * k_steps;
 
     // Starts the loads of the next step (in step order) into the next stage.
     int load_j = 0, load_k = 0;
     const auto issue_next = [&] {
-      const int j = s_chunk.list[load_j], k0 = load_k * BK;
-      if (++load_k == k_steps) load_k = 0, ++load_j;
       T* As = stages + load_stage * Smem::kStage;
       T* Bs = As + BM * kLdA;
       load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
+      if constexpr (!kFull) {
+        if (pack > 1) {
+          const int first = load_j;
+          load_j += pack;
+          const int chunk = cin * static_cast<int>(sizeof(T));  // 4, 8 or 16 bytes (the launcher's choice)
+          for (int e = threadIdx.x; e < BM * pack; e += kThreads) {
+            const int i = e / pack, q = e - i * pack;
+            const int32_t row = first + q < count ? s_rows[i * kRowsLd + s_chunk.list[first + q]] : -1;
+            T* dst = As + i * kLdA + q * cin;
+            const T* src = row >= 0 ? a.x + row * ldx + goff : a.x;
+            if (chunk == 16) {
+              cp_async_16(dst, src, row >= 0);
+            } else if (chunk == 8) {
+              cp_async_8(dst, src, row >= 0);
+            } else {
+              cp_async_4(dst, src, row >= 0);
+            }
+          }
+          // Slab row k: row k % C_in_g of W[c0 + list[first + k / C_in_g]] (none past the chunk's count).
+          const auto b_rows = [&](int k) {
+            const int q = first + k / cin;
+            return q < count ? ((c0 + s_chunk.list[q]) * a.groups + g) * int64_t{cin} * cout + int64_t{k % cin} * cout
+                             : int64_t{-1};
+          };
+          if (a.vec_w) {
+            load_rows_async<T, BK, BN, kThreads>(Bs, kLdB, a.weight, b_rows, n0, cout);
+          } else {
+            load_rows<T, BK, BN, kThreads, false, false>(Bs, kLdB, a.weight, b_rows, NoScale{}, n0, cout, false);
+          }
+          return;
+        }
+      }
+      const int j = s_chunk.list[load_j], k0 = load_k * BK;
+      if (++load_k == k_steps) load_k = 0, ++load_j;
       const T* w = a.weight + ((c0 + j) * a.groups + g) * int64_t{cin} * cout;
       if constexpr (kFull) {
         // Row offsets as one 32 x 32 -> 64-bit multiply: rows < 2^31, ldx < 2^31 (launcher). A zero

@@ -202,6 +202,7 @@ bool launch_forward_table_mma(cuda::ConvTableArgs<T, Idx> a, const choice::Table
   constexpr int kStages = kStagesOf<K, T>;
   const dim3 grid = table_grid<Cfg>(a);
   a.split = c.split;
+  a.pack = c.pack;
   if constexpr (std::is_same_v<Idx, int32_t>) {
     if (c.whole_tiles) {
       if constexpr (sizeof(T) == 2 && !kExact) {
@@ -234,6 +235,7 @@ bool forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool allow_tf3
   p.vec_w = a.vec_w;
   p.vec_out2 = a.vec_out2;
   p.weight_t = a.weight_t;
+  p.x_chunks = a.x_chunks;
   const choice::TableChoice c = choice::table_kernel(p, current_device(), [] { return wgmma_built(); });
   constexpr bool kTensorCores = k16Bit<T> || std::is_same_v<T, float>;
   switch (c.config) {

@@ -167,6 +167,7 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.cin_g = static_cast<int>(s.cin_g);
     a.cout_g = static_cast<int>(s.cout_g);
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
+    a.x_chunks = s.cin_g > 0 && reinterpret_cast<uintptr_t>(a.x) % (s.cin_g * sizeof(T)) == 0;
     a.vec_out2 = s.cout_g % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * sizeof(T)) == 0;
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
       // The input gradient's W^T view: the whole-tile kernels read it as it is stored (rows of C_in_g),

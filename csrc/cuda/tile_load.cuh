@@ -100,6 +100,16 @@ __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool in) 
 #endif
 }
 
+// cp.async of 8 bytes (a packed relation's row of a small-C_in layer), through L1; `in` false zero-fills.
+__device__ __forceinline__ void cp_async_8(void* dst, const void* src, bool in) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(in ? 8 : 0));
+#else
+  *static_cast<int2*>(dst) = in ? __ldg(static_cast<const int2*>(src)) : make_int2(0, 0);
+#endif
+}
+
 template <bool kL1 = false, typename T>
 __device__ __forceinline__ void cp_async_16(T* dst, const T* src, bool in) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

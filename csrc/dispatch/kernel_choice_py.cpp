@@ -38,7 +38,7 @@ py::dict describe(choice::Config c, int bytes) {
 py::dict kernel_choice(const std::string& kind, const std::string& dtype, std::tuple<int, int> arch, int64_t sms,
                        bool sm90a_built, int64_t groups, int64_t cin_g, int64_t cout_g, int64_t num_in,
                        int64_t num_out, int64_t num_relations, bool index32, bool allow_tf32, bool vec_x,
-                       bool vec_w, bool vec_out2, bool out16, bool weight_t) {
+                       bool vec_w, bool vec_out2, bool out16, bool weight_t, bool x_chunks) {
   const choice::Device dev{std::get<0>(arch), std::get<1>(arch), sms};
   const choice::Dtype dt = parse_dtype(dtype);
   const int bytes = choice::element_bytes(dt);
@@ -57,12 +57,14 @@ py::dict kernel_choice(const std::string& kind, const std::string& dtype, std::t
     p.vec_w = vec_w;
     p.vec_out2 = vec_out2;
     p.weight_t = weight_t;
+    p.x_chunks = x_chunks;
     const choice::TableChoice c = choice::table_kernel(p, dev, [sm90a_built] { return sm90a_built; });
     py::dict d = describe(c.config, bytes);
     d["tf32"] = c.tf32;
     d["whole_tiles"] = c.whole_tiles;
     d["reads_weight_t"] = c.reads_weight_t;
     d["split"] = c.split;
+    d["pack"] = c.pack;
     return d;
   }
   if (kind == "pairs") {
@@ -86,12 +88,12 @@ py::dict kernel_choice(const std::string& kind, const std::string& dtype, std::t
 void def_kernel_choice(pybind11::module_& m) {
   m.def("kernel_choice", &kernel_choice,
         "The CUDA kernel configuration common/kernel_choice.h picks; a dict of config, family, tiles "
-        "(BM, BN, BK, WM, WN, stages) and, for kind='table', tf32, whole_tiles, reads_weight_t, split",
+        "(BM, BN, BK, WM, WN, stages) and, for kind='table', tf32, whole_tiles, reads_weight_t, split, pack",
         py::arg("kind"), py::arg("dtype"), py::arg("arch"), py::arg("sms"), py::arg("sm90a_built") = true,
         py::arg("groups") = 1, py::arg("cin_g"), py::arg("cout_g"), py::arg("num_in") = 0, py::arg("num_out") = 0,
         py::arg("num_relations") = 1, py::arg("index32") = true, py::arg("allow_tf32") = false,
         py::arg("vec_x") = true, py::arg("vec_w") = true, py::arg("vec_out2") = true, py::arg("out16") = true,
-        py::arg("weight_t") = false);
+        py::arg("weight_t") = false, py::arg("x_chunks") = true);
 }
 
 }  // namespace relconv

@@ -294,6 +294,8 @@ def _kernel(kind, dtype, c_in_g, c_out_g, num_in, num_out, rmap, shape, tf32, we
     ]
     if choice.get("split", 1) > 1:
         extra.append(f"relation split {choice['split']}")
+    if choice.get("pack", 1) > 1:
+        extra.append(f"{choice['pack']} relations per K step")
     more = "".join(f", {e}" for e in extra)
     tiles = f"BM {bm} BN {bn} BK {bk}, {stages} stages"
     return f"{choice['family']} ({choice['config']}: C_in_g {c_in_g} C_out_g {c_out_g}, {tiles}{more}{note})"

@@ -71,6 +71,27 @@ def test_table_choice_details():
     assert not exact["tf32"]
 
 
+@pytest.mark.parametrize(
+    ("dtype", "cin", "extra", "pack"),
+    [
+        ("float16", 4, {}, 8),  # 8-byte rows in 32-wide K steps
+        ("bfloat16", 2, {}, 16),  # 4-byte rows
+        ("float16", 8, {}, 4),  # 16-byte rows
+        ("float32", 4, {}, 4),  # exact fp32: 16-wide K steps
+        ("float32", 1, {"allow_tf32": True}, 16),
+        ("float16", 3, {}, 1),  # 6-byte rows: no cp.async of that size
+        ("float16", 4, {"x_chunks": False}, 1),  # x not aligned to its rows
+        ("float16", 32, {}, 1),  # one relation fills the K step
+    ],
+)
+def test_small_input_channels_pack_relations_into_a_k_step(dtype, cin, extra, pack):
+    got = choose(
+        "table", dtype, cin_g=cin, cout_g=32, num_in=75_000, num_out=75_000, num_relations=125, **extra
+    )
+    assert got["family"] in ("table_mma_sync", "table_exact_fp32") and got["pack"] == pack
+    assert pack == 1 or got["tiles"][2] == pack * cin
+
+
 def test_transposed_weight_is_read_in_place_only_by_whole_tile_16bit_kernels():
     """The input gradient's W^T view: the whole-tile mma.sync kernel reads it as stored; a shape
     without whole tiles gets no kernel ("none"), and the launcher copies W^T."""

@@ -5,8 +5,8 @@ import torch
 
 from relconv import RelationalMap, relational_conv
 from relconv.ops.reference import relational_conv_reference
-from tests.conftest import no_host_sync
-from tests.ops.maps import TOLERANCE, random_map, rel_error
+from tests.conftest import allow_tf32, no_host_sync
+from tests.ops.maps import TF32_TOLERANCE, TOLERANCE, random_map, rel_error
 
 pytestmark = pytest.mark.cuda
 
@@ -153,6 +153,36 @@ def test_neighbor_table_forward_and_gradients(deterministic, dtype, index_dtype,
     gxr, gwr = torch.autograd.grad(ref, (xr, wr), grad)
     assert rel_error(gxo, gxr) < TOLERANCE[dtype]
     assert rel_error(gwo, gwr) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tf32"),
+    [(torch.float32, False), (torch.float32, True), (torch.float16, False), (torch.bfloat16, False)],
+    ids=["fp32", "tf32", "fp16", "bf16"],
+)
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("num_relations", [27, 125])  # one relation chunk, and four with a ragged last
+@pytest.mark.parametrize("cin_g", [1, 2, 4, 8])  # rows of 2 to 32 bytes: packed where 4, 8 or 16
+@pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_small_input_channels_pack_relations(
+    deterministic, dtype, tf32, groups, num_relations, cin_g, misaligned
+):
+    """Stems' few input channels: the table kernel packs several relations into one K step (x rows
+    aligned to their 4, 8 or 16 bytes), else pads one relation per step; both against float64."""
+    rmap = unique_slot_map(400, 450, num_relations, 0.3, torch.int32)
+    g = torch.Generator().manual_seed(5)
+    x64 = torch.randn(400, groups * cin_g, generator=g, dtype=torch.float64)
+    x = x64.to("cuda", dtype)
+    if misaligned:  # one element into its storage: rows no longer start on their 4/8/16 bytes
+        x = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:].view(x.shape).copy_(x)
+    w = grouped_weight(num_relations, groups, cin_g, 32, dtype)
+    with allow_tf32(tf32):
+        out = relational_conv(x, w, rmap, groups=groups)
+    ref = relational_conv_reference(x64.cuda(), w.double(), rmap, groups=groups)
+    tolerance = TF32_TOLERANCE if tf32 else TOLERANCE[dtype]
+    assert rel_error(out, ref) < tolerance
+    assert not out[rmap.neighbor_table().lt(0).all(1)].any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

@@ -15,14 +15,10 @@ from relconv.ops import Dataflow
 from relconv.ops.reference import relational_conv_reference
 from relconv.ops.relational_conv import relational_conv, relational_conv_weight_grad
 from tests.conftest import allow_tf32
-from tests.ops.maps import random_map, rel_error
+from tests.ops.maps import TF32_TOLERANCE, random_map, rel_error
 from tests.ops.test_table_backward import random_weight, voxel_coords, voxel_map
 
 pytestmark = pytest.mark.cuda
-
-# TF32 keeps 10 mantissa bits: a relative rounding error of 2^-11 per operand, averaging out over
-# the reduction; exact fp32 stays ~1e-7.
-TF32_TOLERANCE = 5e-3
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,7 @@ import torch
 
 from relconv import relational_conv_weight_grad
 from tests.conftest import allow_tf32
-from tests.ops.maps import TOLERANCE, random_map, rel_error
-from tests.ops.test_tf32_cuda import TF32_TOLERANCE
+from tests.ops.maps import TF32_TOLERANCE, TOLERANCE, random_map, rel_error
 
 pytestmark = pytest.mark.cuda
 
