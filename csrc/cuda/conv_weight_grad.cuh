@@ -70,10 +70,10 @@ struct SlabScale {
 
 // Pipelined variant (sm_80+): a kStages-deep cp.async pipeline over the tile's K steps feeding
 // mma.sync (MmaWarpTile, A k-major: half / bfloat16, and float in TF32 mode) or, with kExact, exact
-// fp32 fmas on CUDA cores (SimtOuterWarpTile). Each thread copies the
-// same 16-byte chunk column of fixed rows of both operands in every step (FixedChunkLoader; BM == BN
-// so the x and grad_out tiles share the mapping), and fetches the pair indices of its rows one step
-// ahead into registers, so the index loads overlap a step of MMA instead of stalling the copies.
+// fp32 fmas on CUDA cores (SimtOuterWarpTile). Each thread copies the same 16-byte chunk column of
+// fixed rows of both operands in every step (FixedChunkLoader; BM == BN so the x and grad_out tiles
+// share the mapping), and fetches the pair indices of its rows one step ahead into registers, so
+// the index loads overlap a step of MMA instead of stalling the copies.
 // The pair scale (R-GCN's 1/deg) multiplies the grad_out fragments in registers, from a per-stage
 // shared-memory copy of the step's scales (exact fp32: the B operand as it is read). Needs vec_x
 // and vec_g (16-byte rows); columns past C_in / C_out are zero-filled per thread.
