@@ -1,6 +1,6 @@
 """CPU checks of the compat harness's own logic (benchmarks/compat): row alignment, the projection
-loss, the native twins' weight loading. Running the downstream backbones needs their snapshots and the
-libraries (see benchmarks/compat/README.md)."""
+loss, the native twins' weight loading, the loader-side inputs. Running the downstream backbones
+needs their snapshots and the libraries (see benchmarks/compat/README.md)."""
 
 from __future__ import annotations
 
@@ -176,3 +176,17 @@ def test_parity_child_perturbs_repeats_by_one_ulp():
     ulp = torch.abs(torch.nextafter(f, torch.full_like(f, float("inf"))) - f)
     assert torch.all((moved - f).abs() <= 2 * ulp) and not torch.equal(moved, f)  # 2: binade edges
     assert torch.equal(_perturbed(f, 1), moved) and not torch.equal(_perturbed(f, 2), moved)
+
+
+def test_loader_side_inputs_are_those_of_the_coordinates():
+    """Each family's per-batch inputs, computed once per scene: Pointcept's offsets (cumulative rows
+    per scan), OpenPCDet's (b, z, y, x) coordinates, TorchSparse's spatial range (max + 1, rounded
+    up to 16)."""
+    from benchmarks.compat.scenes import Voxels
+
+    coords = torch.tensor([[0, 1, 2, 3], [0, 4, 0, 1], [2, 20, 5, 6]], dtype=torch.int32)
+    v = Voxels(coords, torch.zeros(3, 4), 3, (32, 16, 16))
+    assert v.offsets.tolist() == [2, 2, 3]  # scan 1 has no rows
+    assert v.coords_bzyx.tolist() == [[0, 3, 2, 1], [0, 1, 0, 4], [2, 6, 5, 20]]
+    assert v.torchsparse_range == (3, 32, 16, 16)
+    assert v.offsets is v.offsets  # computed once
