@@ -407,8 +407,8 @@ struct WeightGradProblem {
 // of 64 bytes; mma.sync for 16-bit types and TF32, fmas for exact fp32 (8 x 8 per lane at C >= 128;
 // against the SIMT kernel, H200, subm 3^3, kernel us: room-3cm C32 2126 -> 780, C64 2617 -> 1248,
 // C128 10303 -> 3946; 64-beam scan C64 237 -> 125). Other rows, fp64 and older GPUs take the SIMT
-// kernel. The pipelined kernel runs as one cooperative
-// launch where one fits the GPU (cuda/conv_launch.cuh).
+// kernel. The pipelined kernel runs as one cooperative launch where one fits the GPU
+// (cuda/conv_launch.cuh).
 constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& dev) {
   const bool pipelined = (is_16bit(p.dtype) || p.dtype == Dtype::kFloat) && p.vec_x && p.vec_g && dev.major >= 8;
   const bool narrow = p.cin_g <= 32 && p.cout_g <= 32, wide = p.cin_g >= 128 && p.cout_g >= 128;

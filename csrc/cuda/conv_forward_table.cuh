@@ -177,7 +177,7 @@ struct TableColumn {
 // kFull (C_in_g a multiple of BK, C_out_g of BN, 16-byte rows: every tile row wholly in or out) loads
 // with FixedChunkLoader; otherwise load_rows_async handles partial tiles, and rows that do not meet
 // the 16-byte preconditions are loaded synchronously into the stage. With a.pack > 1 (C_in_g of 4, 8
-// or 16 bytes, a.pack * C_in_g = BK: the stems' 3-8 input channels) a step holds a.pack relations side
+// or 16 bytes, a.pack * C_in_g = BK: the stems' 2-8 input channels) a step holds a.pack relations side
 // by side, each tile row's C_in_g elements of one relation in one cp.async, and the matching C_in_g
 // rows of each W[r] below one another: K steps a.pack times as full as one zero-padded relation.
 // Warps form a (BM/WM) x (BN/WN) grid of mma.sync tiles (MmaWarpTile); the epilogue stores pairs of
@@ -222,7 +222,7 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
     for (int it = 0; it < kPerThread; ++it) {
       const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
       const int64_t o = j < width ? s_out[i] : -1;
-      cp_async_4(s_rows + i * kRowsLd + j, o >= 0 ? a.table + o * a.num_relations + c0 + j : a.table, o >= 0);
+      cp_async_small<4>(s_rows + i * kRowsLd + j, o >= 0 ? a.table + o * a.num_relations + c0 + j : a.table, o >= 0);
       if (o >= 0) copied |= 1u << it;
     }
     cp_async_commit();
@@ -331,9 +331,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
             if (chunk == 16) {
               cp_async_16(dst, src, row >= 0);
             } else if (chunk == 8) {
-              cp_async_8(dst, src, row >= 0);
+              cp_async_small<8>(dst, src, row >= 0);
             } else {
-              cp_async_4(dst, src, row >= 0);
+              cp_async_small<4>(dst, src, row >= 0);
             }
           }
           // Slab row k: row k % C_in_g of W[c0 + list[first + k / C_in_g]] (none past the chunk's count).

@@ -102,7 +102,7 @@ __device__ __forceinline__ int producer_relation_chunk(const ConvTableArgs<T, in
     const int i = row0 + kWarps * it;
     const int64_t o = out_rows[i];
     const bool in = o >= 0 && lane < width;
-    cp_async_4(s_rows + lane * kLd + i, in ? a.table + o * a.num_relations + c0 + lane : a.table, in);
+    cp_async_small<4>(s_rows + lane * kLd + i, in ? a.table + o * a.num_relations + c0 + lane : a.table, in);
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   bool used = false;

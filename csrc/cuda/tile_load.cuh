@@ -2,6 +2,7 @@
 // Gathers a ROWS x COLS tile from rows scattered in global memory into shared memory: the A-operand
 // load of every relconv kernel (gathered feature rows) and of the dense weight tile alike.
 #include <cstdint>
+#include <type_traits>
 
 #include "numeric.cuh"
 
@@ -90,23 +91,17 @@ __device__ __forceinline__ void cp_async_16_shared(uint32_t dst, const void* src
   }
 #endif
 }
-// cp.async of 4 bytes (a table entry), through L1; `in` false zero-fills.
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool in) {
+// cp.async of kBytes = 4 (a table entry) or 8 (a packed relation's row of a small-C_in layer), through
+// L1; `in` false zero-fills.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_small(void* dst, const void* src, bool in) {
+  static_assert(kBytes == 4 || kBytes == 8, "16 bytes: cp_async_16");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(in ? 4 : 0));
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(src), "n"(kBytes), "r"(in ? kBytes : 0));
 #else
-  *static_cast<int32_t*>(dst) = in ? __ldg(static_cast<const int32_t*>(src)) : 0;
-#endif
-}
-
-// cp.async of 8 bytes (a packed relation's row of a small-C_in layer), through L1; `in` false zero-fills.
-__device__ __forceinline__ void cp_async_8(void* dst, const void* src, bool in) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(in ? 8 : 0));
-#else
-  *static_cast<int2*>(dst) = in ? __ldg(static_cast<const int2*>(src)) : make_int2(0, 0);
+  using Word = std::conditional_t<kBytes == 4, int32_t, int2>;
+  *static_cast<Word*>(dst) = in ? __ldg(static_cast<const Word*>(src)) : Word{};
 #endif
 }
 
