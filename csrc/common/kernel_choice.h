@@ -305,15 +305,20 @@ constexpr TableChoice table_mma(const TableProblem& p, const Device& dev, Config
   c.config = config;
   c.whole_tiles = whole;
   c.reads_weight_t = p.weight_t;
-  // Stems (2-8 input channels): a K step holds BK / C_in_g relations side by side instead of one
+  // Stems (1-8 input channels): a K step holds several relations side by side instead of one
   // relation zero-padded to BK, when C_in_g elements are one 4-, 8- or 16-byte cp.async (H200,
-  // cached maps, kernel us, room-3cm / batch of four 64-beam scans: fp16 5^3 4 -> 32 2129 -> 360 /
-  // 981 -> 248, 3^3 4 -> 32 558 -> 103 / 220 -> 73; exact fp32 3^3 4 -> 32 297 -> 135 / 135 -> 80).
-  // Three channels (6-byte rows) stay one relation per step.
+  // cached maps, kernel us, room-3cm / batch of four 64-beam scans, one relation per step -> packed:
+  // fp16 5^3 4 -> 32 2129 -> 360 / 981 -> 248; exact fp32 3^3 4 -> 32 297 -> 135 / 135 -> 80).
+  // Tensor cores take 16-byte slots, one mma each, so the sum does not depend on which relations
+  // share a step (the tile's rows, so table_order): 4-channel fp16 rows padded to 8 cost 5-19%
+  // against 8-byte slots (H100, 4 -> 32, room-3cm 5^3 361 -> 431 us, 3^3 103 -> 120; 64-beam 3^3 22.6
+  // -> 24.0). Exact fp32 takes C_in_g-wide slots: its fmas add in K order anyway. Three channels
+  // (6-byte rows) stay one relation per step.
   const int64_t row_bytes = p.cin_g * element_bytes(p.dtype);
-  if (!whole && p.x_chunks && (row_bytes == 4 || row_bytes == 8 || row_bytes == 16) && t.bk % p.cin_g == 0 &&
-      t.bk > p.cin_g) {
-    c.pack = static_cast<int>(t.bk / p.cin_g);
+  const int64_t slot = exact ? p.cin_g : 16 / element_bytes(p.dtype);
+  if (!whole && p.x_chunks && (row_bytes == 4 || row_bytes == 8 || row_bytes == 16) && t.bk % slot == 0 &&
+      t.bk > slot) {
+    c.pack = static_cast<int>(t.bk / slot);
   }
   c.split = relation_split(dev, (p.num_out + t.bm - 1) / t.bm * ((p.cout_g + t.bn - 1) / t.bn) * p.groups,
                            p.num_relations);

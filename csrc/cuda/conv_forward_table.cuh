@@ -177,9 +177,13 @@ struct TableColumn {
 // kFull (C_in_g a multiple of BK, C_out_g of BN, 16-byte rows: every tile row wholly in or out) loads
 // with FixedChunkLoader; otherwise load_rows_async handles partial tiles, and rows that do not meet
 // the 16-byte preconditions are loaded synchronously into the stage. With a.pack > 1 (C_in_g of 4, 8
-// or 16 bytes, a.pack * C_in_g = BK: the stems' 2-8 input channels) a step holds a.pack relations side
-// by side, each tile row's C_in_g elements of one relation in one cp.async, and the matching C_in_g
+// or 16 bytes: the stems' 1-8 input channels) a step holds a.pack relations in slots of BK / a.pack
+// elements, each tile row's C_in_g elements of one relation in one cp.async, and the matching C_in_g
 // rows of each W[r] below one another: K steps a.pack times as full as one zero-padded relation.
+// Tensor cores take 16-byte slots, one mma each (kSlices16B): relations sharing a step are added
+// one by one, so the sum does not depend on which tile rows, and so which busy relations, share the
+// step (the output is the same with and without table_order); SIMT FMAs add in K order anyway and
+// take slots of C_in_g.
 // Warps form a (BM/WM) x (BN/WN) grid of mma.sync tiles (MmaWarpTile); the epilogue stores pairs of
 // output elements straight from the accumulators.
 constexpr int kRelChunk = 32;
@@ -307,7 +311,14 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   // Stages are used round robin across relation chunks; the next step to load is (relation
   // s_chunk.list[load_j], K chunk load_k).
   int load_stage = 0, mma_stage = 0;
-  const int pack = kFull ? 1 : a.pack;
+  const int pack = kFull ? 1 : a.pack, slot = BK / pack;
+  if (pack > 1 && slot > cin) {
+    // A slot's padding past its C_in_g elements is never loaded: zero it in every stage once (the
+    // barrier in load_relation_chunk orders these stores before the first cp.async).
+    for (int e = threadIdx.x; e < kStages * Smem::kStageBytes / 16; e += kThreads) {
+      reinterpret_cast<uint4*>(smem)[e] = make_uint4(0, 0, 0, 0);
+    }
+  }
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
     const int count = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk);
     const int steps = pack > 1 ? (count + pack - 1) / pack : count * k_steps;
@@ -326,7 +337,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
           for (int e = threadIdx.x; e < BM * pack; e += kThreads) {
             const int i = e / pack, q = e - i * pack;
             const int32_t row = first + q < count ? s_rows[i * kRowsLd + s_chunk.list[first + q]] : -1;
-            T* dst = As + i * kLdA + q * cin;
+            T* dst = As + i * kLdA + q * slot;
             const T* src = row >= 0 ? a.x + row * ldx + goff : a.x;
             if (chunk == 16) {
               cp_async_16(dst, src, row >= 0);
@@ -336,11 +347,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
               cp_async_small<4>(dst, src, row >= 0);
             }
           }
-          // Slab row k: row k % C_in_g of W[c0 + list[first + k / C_in_g]] (none past the chunk's count).
+          // Slab row k: row k % slot of W[c0 + list[first + k / slot]] (none in a slot's padding or past
+          // the chunk's count).
           const auto b_rows = [&](int k) {
-            const int q = first + k / cin;
-            return q < count ? ((c0 + s_chunk.list[q]) * a.groups + g) * int64_t{cin} * cout + int64_t{k % cin} * cout
-                             : int64_t{-1};
+            const int q = first + k / slot, c = k % slot;
+            return q < count && c < cin
+                       ? ((c0 + s_chunk.list[q]) * a.groups + g) * int64_t{cin} * cout + int64_t{c} * cout
+                       : int64_t{-1};
           };
           if (a.vec_w) {
             load_rows_async<T, BK, BN, kThreads>(Bs, kLdB, a.weight, b_rows, n0, cout);
@@ -405,6 +418,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       mma_stage = mma_stage + 1 == kStages ? 0 : mma_stage + 1;
       if constexpr (kWeightT) {
         tile.template mma<BK, false, true>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN * kLdB, kLdB);
+      } else if constexpr (!kFull && !kExact) {
+        if (pack > 1) {
+          tile.template mma<BK, false, false, NoFragmentHook, true>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN,
+                                                                    kLdB);
+        } else {
+          tile.template mma<BK>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN, kLdB);
+        }
       } else {
         tile.template mma<BK>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN, kLdB);
       }

@@ -89,6 +89,28 @@ __device__ __forceinline__ void mma_1688_tf32(float (&d)[4], const unsigned (&a)
 #endif
 }
 
+// The m16n8k8 (half / bfloat16) and m16n8k4 (TF32) halves of the tiles above: the first half takes
+// a0, a1, b0 of the full fragment, the second a2, a3, b1 (the PTX ISA layouts nest that way).
+template <typename T>
+__device__ __forceinline__ void mma_half_k(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+  } else {
+    static_assert(std::is_same_v<T, float>, "mma.sync takes half, bfloat16 or TF32");
+    asm volatile("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+  }
+#endif
+}
+
 // fp32 bits rounded to the nearest TF32 (10-bit mantissa, ties away from zero), as cuBLAS rounds its
 // TF32 operands: the tensor core would otherwise just drop the low mantissa bits.
 __device__ __forceinline__ unsigned to_tf32(unsigned bits) {
@@ -142,8 +164,12 @@ struct MmaWarpTile {
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
   }
 
-  // a, b point at this warp's (m, k = 0) and (k = 0, n) origins in shared memory.
-  template <int BK, bool kAKMajor = false, bool kBNMajor = false, typename BHook = NoFragmentHook>
+  // a, b point at this warp's (m, k = 0) and (k = 0, n) origins in shared memory. kSlices16B: every
+  // 16 bytes of K is its own mma, in K order (two half-K mmas on the same fragments), so a K step
+  // holding several relations adds each relation's products to the accumulators on its own: the
+  // result does not depend on which relations share a step (packed stems, conv_forward_table_mma).
+  template <int BK, bool kAKMajor = false, bool kBNMajor = false, typename BHook = NoFragmentHook,
+            bool kSlices16B = false>
   __device__ __forceinline__ void mma(const T* a, int lda, const T* b, int ldb, BHook b_hook = {}) {
     static_assert(BK % kMmaK == 0, "K step must be whole mma blocks");
     static_assert(!(kBNMajor && kTf32), "n-major B is read by ldmatrix: 16-bit types only");
@@ -212,7 +238,10 @@ struct MmaWarpTile {
       for (int i = 0; i < kTilesM; ++i)
 #pragma unroll
         for (int j = 0; j < kTilesN; ++j) {
-          if constexpr (kTf32) {
+          if constexpr (kSlices16B) {
+            mma_half_k<T>(acc[i][j], fa[i][0], fa[i][1], fb[j][0]);
+            mma_half_k<T>(acc[i][j], fa[i][2], fa[i][3], fb[j][1]);
+          } else if constexpr (kTf32) {
             mma_1688_tf32(acc[i][j], fa[i], fb[j]);
           } else {
             mma_16816<T>(acc[i][j], fa[i], fb[j]);

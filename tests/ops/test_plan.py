@@ -74,11 +74,12 @@ def test_table_choice_details():
 @pytest.mark.parametrize(
     ("dtype", "cin", "extra", "pack"),
     [
-        ("float16", 4, {}, 8),  # 8-byte rows in 32-wide K steps
-        ("bfloat16", 2, {}, 16),  # 4-byte rows
+        ("float16", 4, {}, 4),  # 8-byte rows in 16-byte slots of 32-wide K steps
+        ("bfloat16", 2, {}, 4),  # 4-byte rows
         ("float16", 8, {}, 4),  # 16-byte rows
-        ("float32", 4, {}, 4),  # exact fp32: 16-wide K steps
-        ("float32", 1, {"allow_tf32": True}, 16),
+        ("float32", 4, {}, 4),  # exact fp32: 16-wide K steps, slots of C_in
+        ("float32", 2, {}, 8),
+        ("float32", 1, {"allow_tf32": True}, 4),  # TF32: 4-element slots
         ("float16", 3, {}, 1),  # 6-byte rows: no cp.async of that size
         ("float16", 4, {"x_chunks": False}, 1),  # x not aligned to its rows
         ("float16", 32, {}, 1),  # one relation fills the K step
@@ -89,7 +90,8 @@ def test_small_input_channels_pack_relations_into_a_k_step(dtype, cin, extra, pa
         "table", dtype, cin_g=cin, cout_g=32, num_in=75_000, num_out=75_000, num_relations=125, **extra
     )
     assert got["family"] in ("table_mma_sync", "table_exact_fp32") and got["pack"] == pack
-    assert pack == 1 or got["tiles"][2] == pack * cin
+    slot = cin if got["family"] == "table_exact_fp32" else 16 // (2 if dtype != "float32" else 4)
+    assert pack == 1 or got["tiles"][2] == pack * slot
 
 
 def test_transposed_weight_is_read_in_place_only_by_whole_tile_16bit_kernels():
