@@ -312,13 +312,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   // s_chunk.list[load_j], K chunk load_k).
   int load_stage = 0, mma_stage = 0;
   const int pack = kFull ? 1 : a.pack, slot = BK / pack;
-  if (pack > 1 && slot > cin) {
-    // A slot's padding past its C_in_g elements is never loaded: zero it in every stage once (the
-    // barrier in load_relation_chunk orders these stores before the first cp.async).
-    for (int e = threadIdx.x; e < kStages * Smem::kStageBytes / 16; e += kThreads) {
-      reinterpret_cast<uint4*>(smem)[e] = make_uint4(0, 0, 0, 0);
-    }
-  }
+  // A slot's padding past its C_in_g elements is never loaded: zero it in every stage once (the
+  // barrier in load_relation_chunk orders these stores before the first cp.async).
+  if (pack > 1 && slot > cin) zero_shared<kThreads>(smem, kStages * Smem::kStageBytes);
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
     const int count = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk);
     const int steps = pack > 1 ? (count + pack - 1) / pack : count * k_steps;

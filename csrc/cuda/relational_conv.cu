@@ -50,7 +50,9 @@ const T* ptr(const at::Tensor& t) {
   return reinterpret_cast<const T*>(t.const_data_ptr());
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Whether p lies on a multiple of `bytes` (> 0).
+bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+bool aligned16(const void* p) { return aligned_to(p, 16); }
 
 void check_int32_channels(const ConvShape& s) {
   RELCONV_CHECK(s.cin_g <= std::numeric_limits<int32_t>::max() && s.cout_g <= std::numeric_limits<int32_t>::max() &&
@@ -167,8 +169,8 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.cin_g = static_cast<int>(s.cin_g);
     a.cout_g = static_cast<int>(s.cout_g);
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
-    a.x_chunks = s.cin_g > 0 && reinterpret_cast<uintptr_t>(a.x) % (s.cin_g * sizeof(T)) == 0;
-    a.vec_out2 = s.cout_g % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * sizeof(T)) == 0;
+    a.x_chunks = s.cin_g > 0 && aligned_to(a.x, s.cin_g * sizeof(T));
+    a.vec_out2 = s.cout_g % 2 == 0 && aligned_to(a.out, 2 * sizeof(T));
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
       // The input gradient's W^T view: the whole-tile kernels read it as it is stored (rows of C_in_g),
       // with no transposed copy; other shapes take the copy below.

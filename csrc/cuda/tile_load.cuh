@@ -105,6 +105,13 @@ __device__ __forceinline__ void cp_async_small(void* dst, const void* src, bool 
 #endif
 }
 
+// Zeros `bytes` (a multiple of 16) of shared memory at `p` (16-byte aligned), every thread of a
+// kThreads-thread block storing its share; the caller orders the stores with a barrier.
+template <int kThreads>
+__device__ __forceinline__ void zero_shared(void* p, int bytes) {
+  for (int e = threadIdx.x; e < bytes / 16; e += kThreads) static_cast<uint4*>(p)[e] = make_uint4(0, 0, 0, 0);
+}
+
 template <bool kL1 = false, typename T>
 __device__ __forceinline__ void cp_async_16(T* dst, const T* src, bool in) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
