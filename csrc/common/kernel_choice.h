@@ -405,6 +405,7 @@ struct WeightGradProblem {
   bool allow_tf32 = false;
   int64_t cin_g = 0, cout_g = 0;
   bool vec_x = false, vec_g = false;
+  bool x_chunks = false;  // x rows start on C_in_g-element boundaries
 };
 
 // The pipelined kernel (16-byte rows, sm_80+: cp.async): square tiles as wide as the channels, 4
@@ -412,10 +413,12 @@ struct WeightGradProblem {
 // of 64 bytes; mma.sync for 16-bit types and TF32, fmas for exact fp32 (8 x 8 per lane at C >= 128;
 // against the SIMT kernel, H200, subm 3^3, kernel us: room-3cm C32 2126 -> 780, C64 2617 -> 1248,
 // C128 10303 -> 3946; 64-beam scan C64 237 -> 125). Other rows, fp64 and older GPUs take the SIMT
-// kernel. The pipelined kernel runs as one cooperative launch where one fits the GPU
-// (cuda/conv_launch.cuh).
+// kernel. Stems' x rows of 4 or 8 bytes (1-4 channels) take it too, one cp.async per row. The
+// pipelined kernel runs as one cooperative launch where one fits the GPU (cuda/conv_launch.cuh).
 constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& dev) {
-  const bool pipelined = (is_16bit(p.dtype) || p.dtype == Dtype::kFloat) && p.vec_x && p.vec_g && dev.major >= 8;
+  const int64_t x_row_bytes = p.cin_g * element_bytes(p.dtype);
+  const bool x_rows = p.vec_x || (p.x_chunks && (x_row_bytes == 4 || x_row_bytes == 8));
+  const bool pipelined = (is_16bit(p.dtype) || p.dtype == Dtype::kFloat) && x_rows && p.vec_g && dev.major >= 8;
   const bool narrow = p.cin_g <= 32 && p.cout_g <= 32, wide = p.cin_g >= 128 && p.cout_g >= 128;
   if (pipelined && (is_16bit(p.dtype) || p.allow_tf32)) {
     return narrow ? Config::kWeightGradMma32 : wide ? Config::kWeightGradMma128 : Config::kWeightGradMma64;

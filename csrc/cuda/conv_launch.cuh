@@ -421,6 +421,7 @@ at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at:
   p.cout_g = a.cout_g;
   p.vec_x = a.vec_x;
   p.vec_g = a.vec_g;
+  p.x_chunks = a.x_chunks;
   const C config = choice::weight_grad_kernel(p, current_device());
   switch (config) {
 #define RELCONV_WEIGHT_GRAD(K, kPipelined, kExact)                                                             \

@@ -43,6 +43,7 @@ struct WeightGradArgs {
   int64_t num_in, num_out, num_pairs, num_relations;
   int groups, cin_g, cout_g, n_tiles;
   bool vec_x, vec_g;       // 16-byte vector loads allowed for x rows / grad_out rows
+  bool x_chunks;           // x rows start on C_in_g-element boundaries (rows of 4 or 8 bytes: stems)
 };
 
 // Row-offset functors of one K-slab starting at pair p0. An index out of range zero-fills its row
@@ -75,8 +76,10 @@ struct SlabScale {
 // share the mapping), and fetches the pair indices of its rows one step ahead into registers, so
 // the index loads overlap a step of MMA instead of stalling the copies.
 // The pair scale (R-GCN's 1/deg) multiplies the grad_out fragments in registers, from a per-stage
-// shared-memory copy of the step's scales (exact fp32: the B operand as it is read). Needs vec_x
-// and vec_g (16-byte rows); columns past C_in / C_out are zero-filled per thread.
+// shared-memory copy of the step's scales (exact fp32: the B operand as it is read). Needs vec_g
+// (16-byte grad_out rows) and vec_x, or x rows of 4 or 8 bytes (the stems' 1-4 channels) that start
+// on their own size: each is one cp.async into a stage whose other columns stay zero. Columns past
+// C_in / C_out are zero-filled per thread.
 template <typename T, int BM, int BN, int BK, int kStages>
 struct WeightGradSmem {
   static constexpr int kLdA = BM + 8, kLdB = BN + 8;
@@ -132,6 +135,13 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
     }
   };
   const int steps = static_cast<int>((t.end - t.begin + BK - 1) / BK);
+  const int x_bytes = a.vec_x ? 16 : cin * static_cast<int>(sizeof(T));  // 4 or 8 without vec_x
+  if (!a.vec_x) {
+    // Short x rows fill the first bytes of the stage's column chunk 0; the rest of every A slab is
+    // zero once, here, and never written again.
+    zero_shared<kThreads>(smem, kStages * Smem::kStageBytes);
+    __syncthreads();
+  }
   int load_step = 0;
   const auto issue_next = [&] {
     const int stage = load_step % kStages;
@@ -142,7 +152,16 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
       const int i = loader.row0 + it * Loader::kRowStride;
       if (BK % Loader::kRowStride != 0 && i >= BK) break;
       const bool row = x_off[it] >= 0;  // x and grad_out rows are present together
-      cp_async_16(As + i * kLdA + loader.col, row ? x_base + x_off[it] : a.x, row && x_cols);
+      const T* x_src = row ? x_base + x_off[it] : a.x;
+      if (x_bytes == 16) {
+        cp_async_16(As + i * kLdA + loader.col, x_src, row && x_cols);
+      } else if (loader.col == 0) {
+        if (x_bytes == 8) {
+          cp_async_small<8>(As + i * kLdA, x_src, row);
+        } else {
+          cp_async_small<4>(As + i * kLdA, x_src, row);
+        }
+      }
       cp_async_16(Bs + i * kLdB + loader.col, row ? g_base + g_off[it] : a.grad, row && g_cols);
       if (a.scale && loader.col == 0) s_scale[stage * BK + i] = scale[it];
     }

@@ -277,6 +277,7 @@ at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tenso
     fill_pair_args<T, Idx>(a, ii, oi, rp, sc, s, x.size(0), grad_out.size(0));
     a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
     a.vec_g = s.cout_g % V == 0 && aligned16(a.grad);
+    a.x_chunks = aligned_to(a.x, s.cin_g * sizeof(T));
     dw = launch::weight_grad<T, Idx>(a, rp, deterministic, x.options(), out, stream);
   });
   return dw;

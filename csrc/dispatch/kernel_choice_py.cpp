@@ -78,6 +78,7 @@ py::dict kernel_choice(const std::string& kind, const std::string& dtype, std::t
     p.cout_g = cout_g;
     p.vec_x = vec_x;
     p.vec_g = vec_w;
+    p.x_chunks = x_chunks;
     return describe(choice::weight_grad_kernel(p, dev), bytes);
   }
   throw py::value_error("kernel_choice: kind must be 'table', 'pairs' or 'weight_grad', got '" + kind + "'");

@@ -47,8 +47,10 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("with_scale", [False, True], ids=["unscaled", "scaled"])
 # (C_in, C_out, groups): the 32 / 64 / 128 pipelined tiles, partial column tiles (24 -> 40,
-# 128 -> 96, 200), rectangular (32 -> 64), grouped, and 12 -> 20 (16-bit rows that are not 16-byte
-# vectors: the SIMT fallback). fp32 is exact (TF32 off): the pipelined kernel's fma warp tiles.
+# 128 -> 96, 200), rectangular (32 -> 64), grouped, 12 -> 20 (16-bit rows that are not 16-byte
+# vectors: the SIMT fallback), and stems: x rows of 4 or 8 bytes, one cp.async each in the pipelined
+# kernel (4 -> 32; 2 -> 16; 8 -> 32 in two groups of 4; 1 -> 16, pipelined for fp32 only). fp32 is
+# exact (TF32 off): the pipelined kernel's fma warp tiles.
 @pytest.mark.parametrize(
     "cin,cout,groups",
     [
@@ -62,6 +64,10 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
         (200, 200, 1),
         (64, 64, 2),
         (12, 20, 1),
+        (4, 32, 1),
+        (2, 16, 1),
+        (8, 32, 2),
+        (1, 16, 1),
     ],
 )
 def test_weight_grad_matches_reference(deterministic, dtype, index_dtype, with_scale, cin, cout, groups):
@@ -100,10 +106,12 @@ def _unaligned(t):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_unaligned_rows_take_the_fallback(dtype):
+@pytest.mark.parametrize("cin", [64, 4])
+def test_unaligned_rows_take_the_fallback(dtype, cin):
+    """16-byte rows, and 8-byte stem rows, that do not start on their size."""
     rmap = random_map(300, 200, 5, 2000, "cuda", torch.int32, with_scale=True)
-    x, grad = (_unaligned(t) for t in _inputs(300, 200, 64, 64, dtype))
-    assert x.data_ptr() % 16 and grad.data_ptr() % 16
+    x, grad = (_unaligned(t) for t in _inputs(300, 200, cin, 64, dtype))
+    assert x.data_ptr() % 16 and x.data_ptr() % (cin * x.element_size()) and grad.data_ptr() % 16
     dw = relational_conv_weight_grad(x, grad, rmap)
     assert rel_error(dw, _reference(x, grad, rmap, 1)) < TOLERANCE[dtype]
 
