@@ -2,7 +2,8 @@
 # whichever carried peer artifacts are present under .peers/ into $PEERS_DIR and puts them on
 # PYTHONPATH; points relconv.datasets at the carried archive cache. Nothing is installed.
 #   .peers/spconv_site.tar.xz             spconv-cu126 + cumm-cu126 + pccm, ccimport, fire, termcolor, lark
-#   .peers/wcn_built/warpconvnet_built.tar.xz[.partNN]   from build_warpconvnet.sh
+#   .peers/wcn_built/warpconvnet_built.tar.xz[.partNN]   from build_warpconvnet.sh, beside the wheels
+#                                         of its runtime dependencies (jaxtyping, wadler-lindig, msgpack)
 #   .peers/ts_built/torchsparse_built.tar.xz             from build_torchsparse.sh (torchsparse/,
 #                                         the rootpath stand-in and backports.cached_property)
 #   .peers/dgl_cp312/dgl-*.whl            DGL (CPU) for the graph suite's CPU cases
@@ -14,6 +15,9 @@ if [ -f .peers/spconv_site.tar.xz ] && [ ! -d "$PEERS_DIR/spconv" ]; then
 fi
 if compgen -G ".peers/wcn_built/warpconvnet_built.tar.xz*" >/dev/null && [ ! -d "$PEERS_DIR/warpconvnet" ]; then
   cat .peers/wcn_built/warpconvnet_built.tar.xz* | tar -xJ -C "$PEERS_DIR"
+  for whl in .peers/wcn_built/*.whl; do
+    [ -f "$whl" ] && python3 -m zipfile -e "$whl" "$PEERS_DIR"
+  done
 fi
 if [ -f .peers/ts_built/torchsparse_built.tar.xz ] && [ ! -d "$PEERS_DIR/torchsparse" ]; then
   tar -xJf .peers/ts_built/torchsparse_built.tar.xz -C "$PEERS_DIR"

@@ -419,7 +419,9 @@ constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& de
   const int64_t x_row_bytes = p.cin_g * element_bytes(p.dtype);
   const bool x_rows = p.vec_x || (p.x_chunks && (x_row_bytes == 4 || x_row_bytes == 8));
   const bool pipelined = (is_16bit(p.dtype) || p.dtype == Dtype::kFloat) && x_rows && p.vec_g && dev.major >= 8;
-  const bool narrow = p.cin_g <= 32 && p.cout_g <= 32, wide = p.cin_g >= 128 && p.cout_g >= 128;
+  // Short x rows run on the 32 x 32 tiles at any C_out: their C_in (1-4) fills one tile row anyway.
+  const bool narrow = (p.cin_g <= 32 && p.cout_g <= 32) || (pipelined && !p.vec_x),
+             wide = p.cin_g >= 128 && p.cout_g >= 128;
   if (pipelined && (is_16bit(p.dtype) || p.allow_tf32)) {
     return narrow ? Config::kWeightGradMma32 : wide ? Config::kWeightGradMma128 : Config::kWeightGradMma64;
   }

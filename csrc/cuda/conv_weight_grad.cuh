@@ -90,7 +90,9 @@ struct WeightGradSmem {
 };
 
 // One block's pair tile `t` (block-wide), summed into dw with atomics or stored to partial[blockIdx.x].
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
+// kShortX: x rows of 4 or 8 bytes (stems, !a.vec_x), a separate instantiation so that the 16-byte
+// path's loads carry no per-row branch on the row width.
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact, bool kShortX>
 __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx>& a, const PairTile& t,
                                                      unsigned char* smem) {
   static_assert(BM == BN, "x and grad_out tiles share one chunk mapping");
@@ -135,8 +137,8 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
     }
   };
   const int steps = static_cast<int>((t.end - t.begin + BK - 1) / BK);
-  const int x_bytes = a.vec_x ? 16 : cin * static_cast<int>(sizeof(T));  // 4 or 8 without vec_x
-  if (!a.vec_x) {
+  const int x_bytes = cin * static_cast<int>(sizeof(T));  // 4 or 8 where kShortX
+  if constexpr (kShortX) {
     // Short x rows fill the first bytes of the stage's column chunk 0; the rest of every A slab is
     // zero once, here, and never written again.
     zero_shared<kThreads>(smem, kStages * Smem::kStageBytes);
@@ -153,7 +155,7 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
       if (BK % Loader::kRowStride != 0 && i >= BK) break;
       const bool row = x_off[it] >= 0;  // x and grad_out rows are present together
       const T* x_src = row ? x_base + x_off[it] : a.x;
-      if (x_bytes == 16) {
+      if constexpr (!kShortX) {
         cp_async_16(As + i * kLdA + loader.col, x_src, row && x_cols);
       } else if (loader.col == 0) {
         if (x_bytes == 8) {
@@ -236,13 +238,27 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
   });
 }
 
+// Stems' short x rows take the 32 x 32 tiles only (choice::weight_grad_kernel), so the wider tiles
+// carry one instantiation.
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
+__device__ __forceinline__ void weight_grad_tile_of_width(const WeightGradArgs<T, Idx>& a, const PairTile& t,
+                                                          unsigned char* smem) {
+  if constexpr (BM == 32) {
+    if (!a.vec_x) {
+      weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages, kExact, true>(a, t, smem);
+      return;
+    }
+  }
+  weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages, kExact, false>(a, t, smem);
+}
+
 template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     conv_weight_grad_mma(const WeightGradArgs<T, Idx> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const PairTile t =
       locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.tile_ptr[a.num_relations + 1], blockIdx.x);
-  if (t.valid) weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages, kExact>(a, t, smem);
+  if (t.valid) weight_grad_tile_of_width<T, Idx, BM, BN, BK, WM, WN, kStages, kExact>(a, t, smem);
 }
 
 // The weight gradient in one cooperative launch (every block resident at once), where the split
@@ -270,7 +286,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kExact && BM >= 12
   }
   __syncthreads();
   const PairTile t = s_tile;
-  if (t.valid) weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages, kExact>(a, t, smem);
+  if (t.valid) weight_grad_tile_of_width<T, Idx, BM, BN, BK, WM, WN, kStages, kExact>(a, t, smem);
   cooperative_groups::this_grid().sync();
 
   // Phase 3. kParts consecutive lanes share an output quad (4 floats; per_relation is a multiple of 4:

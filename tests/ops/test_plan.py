@@ -136,7 +136,7 @@ def test_pairs_kernel_choice(dtype, cout, extra, expected):
         ("float16", H100, 4, 32, {"vec_x": False}, "weight_grad_mma_32"),
         ("bfloat16", H100, 2, 16, {"vec_x": False}, "weight_grad_mma_32"),
         ("float32", H100, 1, 32, {"vec_x": False}, "weight_grad_exact_32"),
-        ("float32", H100, 2, 64, {"vec_x": False}, "weight_grad_exact_64"),
+        ("float32", H100, 2, 64, {"vec_x": False}, "weight_grad_exact_32"),
         ("float16", H100, 3, 32, {"vec_x": False}, "weight_grad_simt_32"),  # 6-byte rows
         ("float16", H100, 4, 32, {"vec_x": False, "x_chunks": False}, "weight_grad_simt_32"),
         ("float32", (7, 5), 64, 64, {}, "weight_grad_simt_64"),

@@ -49,7 +49,8 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
 # (C_in, C_out, groups): the 32 / 64 / 128 pipelined tiles, partial column tiles (24 -> 40,
 # 128 -> 96, 200), rectangular (32 -> 64), grouped, 12 -> 20 (16-bit rows that are not 16-byte
 # vectors: the SIMT fallback), and stems: x rows of 4 or 8 bytes, one cp.async each in the pipelined
-# kernel (4 -> 32; 2 -> 16; 8 -> 32 in two groups of 4; 1 -> 16, pipelined for fp32 only). fp32 is
+# kernel (4 -> 32; 4 -> 64 on two column tiles; 2 -> 16; 8 -> 32 in two groups of 4; 1 -> 16,
+# pipelined for fp32 only). fp32 is
 # exact (TF32 off): the pipelined kernel's fma warp tiles.
 @pytest.mark.parametrize(
     "cin,cout,groups",
@@ -65,6 +66,7 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
         (64, 64, 2),
         (12, 20, 1),
         (4, 32, 1),
+        (4, 64, 1),
         (2, 16, 1),
         (8, 32, 2),
         (1, 16, 1),
