@@ -5,7 +5,7 @@
 # Usage (repository root, with the sdist and the setuptools-scm wheel carried in .peers/wcn/):
 #   OUT=/some/dir bash benchmarks/peers/build_warpconvnet.sh [.peers/wcn]
 # Writes $OUT/warpconvnet_built.tar.xz, split into $OUT/warpconvnet_built.tar.xz.partNN pieces of
-# at most 15 MiB when larger (join with `cat`). Takes about 5 minutes on 16 cores for sm_90.
+# at most 15 MiB when larger (join with `cat`). Takes about 9 minutes on 16 cores for sm_90 (1.8.2).
 set -euo pipefail
 
 SRC_DIR=${1:-.peers/wcn}
