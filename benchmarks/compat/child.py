@@ -95,13 +95,25 @@ class Side:
         return self._outputs(self.model, self.model(inp))
 
 
+# The projection's coordinate weights, one copy per device: built from a Python list inside every
+# step, each output's copy to the GPU waited for the host and added a host wait to every library's
+# training step.
+_PHASE_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _phase_weights(device: torch.device) -> torch.Tensor:
+    if device not in _PHASE_WEIGHTS:
+        _PHASE_WEIGHTS[device] = torch.tensor([0.61, 0.37, 0.23, 0.11], dtype=torch.float64, device=device)
+    return _PHASE_WEIGHTS[device]
+
+
 def projection_loss(outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """sum over outputs of <features, R> with R a fixed function of (output name, coordinates,
     channel): independent of row order, so every library gets the same loss for the same result."""
     total = 0.0
     for n, (_, (coords, feats)) in enumerate(sorted(outputs.items())):
         c = coords.to(torch.float64)
-        phase = c @ torch.tensor([0.61, 0.37, 0.23, 0.11], dtype=torch.float64, device=c.device)
+        phase = c @ _phase_weights(c.device)
         ch = torch.arange(feats.shape[1], dtype=torch.float64, device=c.device)
         r = torch.cos(phase[:, None] + 1.3 * ch[None, :] + 0.7 * n)
         total = total + (feats.float() * r.float()).sum()
