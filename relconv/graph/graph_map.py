@@ -213,9 +213,9 @@ def build_rgcn_map(
     # Nothing below reads the device back: bincount and unique_consecutive would (their output
     # sizes depend on the data), so the relation offsets come from a search of the sorted keys and
     # the slot sizes from run lengths.
-    key = rel * max(num_dst, 1) + dst.long()
-    key, perm = torch.sort(key, stable=True)
-    starts = torch.arange(num_relations + 1, dtype=torch.int64, device=rel.device) * max(num_dst, 1)
+    stride = max(num_dst, 1)
+    key, perm = torch.sort(torch.add(dst, rel, alpha=stride), stable=True)
+    starts = torch.arange(0, (num_relations + 1) * stride, stride, dtype=torch.int64, device=rel.device)
     rel_ptr = torch.searchsorted(key, starts)
     idt = index_dtype_for(num_src, num_dst, rel.numel())
     out_index = dst.index_select(0, perm).to(idt)
@@ -230,12 +230,12 @@ def build_rgcn_map(
     # one pair (slot, target, relation) per non-empty slot.
     slot_key, slot_index = torch.unique_consecutive(key, return_inverse=True)
     num_slots = slot_key.numel()
-    slot_rel = torch.div(slot_key, max(num_dst, 1), rounding_mode="floor")
+    slot_rel = torch.div(slot_key, stride, rounding_mode="floor")
     slot_ptr = torch.zeros(num_relations + 1, dtype=torch.int64, device=rel.device)
     torch.cumsum(torch.bincount(slot_rel, minlength=num_relations), 0, out=slot_ptr[1:])
     slot_map = RelationalMap(
         torch.arange(num_slots, dtype=idt, device=rel.device),
-        (slot_key - slot_rel * max(num_dst, 1)).to(idt),
+        (slot_key - slot_rel * stride).to(idt),
         slot_ptr,
         num_slots,
         num_dst,
@@ -247,22 +247,16 @@ def build_rgcn_map(
 def _slot_degree(rmap: RelationalMap) -> Tensor:
     """[P] int64 number of pairs sharing each pair's (target, relation) slot.
 
-    The pairs are sorted by (relation, target), so every slot is a run; run ids come from a cumulative
-    sum over run starts and run lengths from a scatter-add, with no host synchronisation.
+    The pairs are sorted by (relation, target), so every slot is a run of the sorted key.
     """
-    return _run_lengths(rmap.relation_of_pairs() * max(rmap.num_out, 1) + rmap.out_index.long())
+    return _run_lengths(torch.add(rmap.out_index, rmap.relation_of_pairs(), alpha=max(rmap.num_out, 1)))
 
 
 def _run_lengths(sorted_key: Tensor) -> Tensor:
-    """[P] int64 length of the run of equal values each element of a sorted key lies in: run ids
-    from a cumulative sum over run starts, lengths from a scatter-add, no host synchronisation."""
-    n = sorted_key.numel()
-    starts = torch.ones(n, dtype=torch.int64, device=sorted_key.device)
-    starts[1:] = (sorted_key[1:] != sorted_key[:-1]).long()
-    run = torch.cumsum(starts, 0) - 1
-    length = torch.zeros(n, dtype=torch.int64, device=sorted_key.device)
-    length.index_add_(0, run, torch.ones_like(run))
-    return length.index_select(0, run)
+    """[P] int64 length of the run of equal values each element of a sorted key lies in: the two
+    ends of its run, from binary searches of the key. Three ops and no host synchronisation; a
+    scatter-add over run ids takes ten, and serialises its atomics on a high-degree slot."""
+    return torch.searchsorted(sorted_key, sorted_key, right=True) - torch.searchsorted(sorted_key, sorted_key)
 
 
 def _node_counts(
