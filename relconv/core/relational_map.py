@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -406,6 +406,11 @@ class RelationalMap:
         """`table_order()` once the table forwards over this map have done `threshold` work in all
         (`work` per call), None before (relconv.ops.map_views.reused_table_order)."""
         return _view("reused_table_order")(self, work, threshold)
+
+    def relabeled(self, order: Sequence[int]) -> RelationalMap:
+        """The map whose relation j is this map's relation `order[j]`: a conv over it with weight W
+        equals the conv over this map with W's rows in this map's order (relconv.ops.map_views)."""
+        return _view("relabeled")(self, tuple(int(r) for r in order))
 
     def transposed_neighbor_table(self) -> Tensor:
         """Neighbour table of the transposed map `[num_in, R]`: the output row each input feeds in

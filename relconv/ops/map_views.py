@@ -149,6 +149,69 @@ def transposed_table_order(rmap: RelationalMap, work: float = 1.0, threshold: fl
     )
 
 
+# Relation orders as index tensors, per (order, device): made once, copied from pinned memory (a
+# pageable copy would wait for the GPU on every new map).
+_ORDER_INDEX: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
+
+
+def _order_index(order: tuple[int, ...], device: torch.device) -> Tensor:
+    index = _ORDER_INDEX.get((order, device))
+    if index is None:
+        index = torch.tensor(order, dtype=torch.int64)
+        if device.type == "cuda":
+            index = index.pin_memory().to(device, non_blocking=True)
+        _ORDER_INDEX[(order, device)] = index
+    return index
+
+
+def relabeled(rmap: RelationalMap, order: tuple[int, ...]) -> RelationalMap:
+    """The map whose relation j is relation `order[j]` of `rmap` (`order` a permutation of its
+    relations). A conv over it with weight W is the conv over `rmap` with W's rows put in `rmap`'s
+    order, so a front end whose weights list kernel offsets in an order of its own runs them as
+    they are: one gather of the map (its table's columns, else its pair segments) per map and
+    order, where converting the weight costs a gather per call and two more ops per backward.
+    Cached; the new map builds its own views."""
+    key = ("relabeled", order)
+    out = rmap._cache.get(key)
+    if out is None:
+        if sorted(order) != list(range(rmap.num_relations)):
+            raise ValueError(
+                f"order must be a permutation of the map's {rmap.num_relations} relations, got {list(order)}"
+            )
+        out = rmap._cache[key] = rmap if order == tuple(range(rmap.num_relations)) else _relabel(rmap, order)
+    return out
+
+
+def _relabel(rmap: RelationalMap, order: tuple[int, ...]) -> RelationalMap:
+    index = _order_index(order, rmap.device)
+    table = rmap._cache.get("neighbor_table")
+    if table is not None and rmap.scale is None:
+        return RelationalMap.from_neighbor_table(
+            table.index_select(1, index), rmap.num_in, validate=False, injective=rmap.injective
+        )
+    # Pairs: relation j's segment is relation order[j]'s, in its order; no host read (sizes known).
+    in_index, out_index, rel_ptr = rmap.pair_lists()
+    counts = rel_ptr.diff().index_select(0, index)
+    new_ptr = torch.zeros_like(rel_ptr)
+    torch.cumsum(counts, 0, out=new_ptr[1:])
+    rel = torch.repeat_interleave(
+        torch.arange(rmap.num_relations, device=rmap.device), counts, output_size=rmap.num_pairs
+    )
+    start = (rel_ptr.index_select(0, index) - new_ptr[:-1]).index_select(0, rel)
+    src = start + torch.arange(rmap.num_pairs, device=rmap.device)
+    return RelationalMap(
+        in_index.index_select(0, src),
+        out_index.index_select(0, src),
+        new_ptr,
+        rmap.num_in,
+        rmap.num_out,
+        scale=None if rmap.scale is None else rmap.scale.index_select(0, src),
+        unique_slots=rmap.unique_slots,
+        injective=rmap.injective,
+        validate=False,
+    )
+
+
 def table_views(
     rmap: RelationalMap, weight: Tensor, transposed: bool, pairs: bool
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor, Tensor, Tensor]:
@@ -181,4 +244,5 @@ core.install_view_builders(
     reused_table_order=reused_table_order,
     transposed_neighbor_table=transposed_neighbor_table,
     transposed_table_order=transposed_table_order,
+    relabeled=relabeled,
 )

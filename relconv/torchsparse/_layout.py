@@ -88,6 +88,21 @@ def to_relconv(kernel: Tensor, geometry: Geometry, index: Tensor | None) -> Tens
 
 
 @functools.lru_cache(maxsize=256)
+def offset_order(geometry: Geometry) -> tuple[int, ...] | None:
+    """Where relconv's kernel has TorchSparse's offsets in another order (`geometry.index` a
+    permutation): the relconv offset each row of TorchSparse's kernel holds, for
+    `relconv.voxel.conv3d(..., offset_order=)`, which then takes the kernel as it is. None where the
+    orders agree or the relconv kernel is larger (zero rows): the weight is converted."""
+    index = geometry.index
+    if index is None or geometry.zero_row or sorted(index) != list(range(len(index))):
+        return None
+    order = [0] * len(index)
+    for r, j in enumerate(index):
+        order[j] = r
+    return tuple(order)
+
+
+@functools.lru_cache(maxsize=256)
 def grid_geometry(kernel_size: Triple) -> Geometry:
     """The weight of a strided conv run over a grid map (`relconv.voxel.grid_map.build_map`), whose
     relation r is the kernel digit (d0, d1, d2) with the first axis slowest: TorchSparse's offset d

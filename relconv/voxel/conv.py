@@ -23,6 +23,7 @@ Conventions (stable; the benchmarks convert weights to other libraries' layouts 
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ def conv3d(
     indice_key: str | None = None,
     activation: str | None = None,
     prepared: PreparedCalls | None = None,
+    offset_order: Sequence[int] | None = None,
 ) -> VoxelTensor:
     """Functional sparse conv; see the module docstring for geometry and weight layout.
 
@@ -62,6 +64,11 @@ def conv3d(
             every time (a front end with weights of its own layout): conv3d keeps the prepared op
             call there at the layer's second call over a coordinate set and runs it at later ones,
             skipping the map lookup, the plan and the checks below.
+        offset_order: weights that list the kernel offsets in another order (a front end's layout):
+            `weight[j]` holds offset `offset_order[j]` of relconv's order, a permutation of
+            range(K). The conv then runs over the map with its relations relabelled to that order
+            (`RelationalMap.relabeled`, built once per map) and takes the weight as it is, with no
+            gather per call. None: relconv's order.
     Returns:
         VoxelTensor with features [M, C_out] at the output coordinates.
     """
@@ -82,8 +89,30 @@ def conv3d(
         raise ValueError(f"weight has {weight.shape[0]} offsets but kernel_size {k} has {math.prod(k)}")
     _check_activation(activation)
     return run_layer(
-        x, weight, k, s, d, groups, bias, transposed, generative, indice_key, activation, prepared
+        x,
+        weight,
+        k,
+        s,
+        d,
+        groups,
+        bias,
+        transposed,
+        generative,
+        indice_key,
+        activation,
+        prepared,
+        None if offset_order is None else checked_offset_order(tuple(offset_order), math.prod(k)),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def checked_offset_order(order: tuple, volume: int) -> tuple[int, ...]:
+    """`order` as a tuple of ints, after checking that it permutes range(volume)."""
+    if sorted(order) != list(range(volume)) or not all(isinstance(o, int) for o in order):
+        raise ValueError(
+            f"offset_order must be a permutation of range({volume}) (the kernel's offsets), got {order}"
+        )
+    return order
 
 
 def _check_activation(activation: str | None) -> None:
@@ -104,6 +133,7 @@ def run_layer(
     indice_key: str | None,
     activation: str | None,
     prepared: PreparedCalls | None = None,
+    offset_order: tuple[int, ...] | None = None,
 ) -> VoxelTensor:
     """conv3d on validated, normalised arguments: the per-call path of `conv3d`, of `Conv3d` and the
     compatibility layers (which pass their `PreparedCalls`, to keep the prepared op call) and of the
@@ -116,9 +146,10 @@ def run_layer(
         return x.replace_feature(out.relu_() if activation == "relu" else out)
     lm = layer_map(x, k, s, d, transposed, generative, indice_key, defer_check=True)
     # Bias and ReLU go into the op: on CUDA's output-stationary path they are the kernel's epilogue.
-    call = conv_call(x.feats, weight, lm.rmap, groups, bias=bias, activation=activation)
+    rmap = lm.rmap if offset_order is None else lm.rmap.relabeled(offset_order)
+    call = conv_call(x.feats, weight, rmap, groups, bias=bias, activation=activation)
     if lm.unchecked is None and prepared is not None and lm.out_cache is x.cache:
-        prepared.keep(x, call[0], bias, lm)
+        prepared.keep(x, call[0], bias, lm, rmap)
     out = run_conv(call)
     if lm.unchecked is not None:
         # New CUDA coordinates are checked once the conv is queued: the check waits only for the
@@ -171,9 +202,10 @@ class PreparedCalls(dict):
         out = plan.run(x.feats, weight, bias)
         return None if out is None else VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, cache)
 
-    def keep(self, x: VoxelTensor, args, bias: Tensor | None, lm: LayerMap) -> None:
+    def keep(self, x: VoxelTensor, args, bias: Tensor | None, lm: LayerMap, rmap) -> None:
         """Marks the layer's first call over x's coordinates and keeps its prepared call
-        (`relconv.ops.prepare`) at the second. A bias that needs a cast per call gets none."""
+        (`relconv.ops.prepare`, over `rmap`: `lm`'s map, relabelled where the call's weight lists
+        the offsets in another order) at the second. A bias that needs a cast per call gets none."""
         cache, key = x.cache, id(x.cache)
         seen = self.get(key)
         if seen is None or seen.cache() is not cache:
@@ -183,9 +215,7 @@ class PreparedCalls(dict):
             return
         if args.bias is not bias:
             return
-        self[key] = seen._replace(
-            run=prepare(args, lm.rmap), out_coords=lm.out_coords, out_stride=lm.out_stride
-        )
+        self[key] = seen._replace(run=prepare(args, rmap), out_coords=lm.out_coords, out_stride=lm.out_stride)
 
     def __deepcopy__(self, memo: dict) -> PreparedCalls:
         return PreparedCalls()

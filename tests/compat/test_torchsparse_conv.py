@@ -12,6 +12,7 @@ import torch
 import relconv.torchsparse as torchsparse
 import relconv.torchsparse.nn as spnn
 import relconv.torchsparse.nn.functional as tsF
+import relconv.torchsparse.nn.functional.conv as ts_conv
 from relconv.torchsparse._layout import relconv_geometry
 from relconv.voxel import Conv3d as VoxelConv3d
 from relconv.voxel import VoxelTensor
@@ -30,6 +31,14 @@ def _layer(cin, cout, kernel_size, **kw):
     return layer
 
 
+@pytest.fixture(params=["as-run", "relabelled"])
+def kernel_path(request, monkeypatch):
+    """Each conv as its device runs it, and through the path of CUDA training (TorchSparse's kernel
+    as it is, over the map relabelled to its offset order), forced here on every device."""
+    if request.param == "relabelled":
+        monkeypatch.setattr(ts_conv, "relabels", lambda kernel: True)
+
+
 def _grads(x, out, ref, layer):
     """Input and kernel gradients of sum(out * g) from the shim and from the dense reference."""
     g = torch.randn_like(out.feats)
@@ -44,7 +53,7 @@ def _grads(x, out, ref, layer):
     [3, 2, (3, 1, 3), (1, 1, 3), (3, 3, 2), 5, (2, 3, 3)],
     ids=lambda k: str(k),
 )
-def test_submanifold_matches_dense(device, kernel_size):
+def test_submanifold_matches_dense(device, kernel_size, kernel_path):
     x = scene(device=device)
     x.feats.requires_grad_(True)
     layer = _layer(3, 4, kernel_size, bias=True).to(device)
@@ -74,7 +83,7 @@ def test_submanifold_matches_dense(device, kernel_size):
     ],
     ids=str,
 )
-def test_strided_matches_dense(device, kernel_size, stride, padding):
+def test_strided_matches_dense(device, kernel_size, stride, padding, kernel_path):
     x = scene(device=device)
     x.feats.requires_grad_(True)
     layer = _layer(3, 5, kernel_size, stride=stride, padding=padding).to(device)
@@ -119,7 +128,7 @@ def test_spatial_range_bounds_and_propagates():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("kernel_size", "padding"), [(2, 0), (3, 0), (3, 1)])
-def test_transposed_reuses_the_strided_map(device, kernel_size, padding):
+def test_transposed_reuses_the_strided_map(device, kernel_size, padding, kernel_path):
     x = scene(device=device)
     down = _layer(3, 4, kernel_size, stride=2, padding=padding).to(device)
     coarse = down(x)

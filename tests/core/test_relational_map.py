@@ -146,3 +146,43 @@ def test_check_index_range_names_the_argument():
     check_index_range(("a", torch.tensor([0, 4]), 5), ("b", torch.zeros(0, dtype=torch.long), 0))
     with pytest.raises(ValueError, match=r"b values must lie in \[0, 3\), got \[-1, 2\]"):
         check_index_range(("a", torch.tensor([0, 4]), 5), ("b", torch.tensor([2, -1]), 3))
+
+
+def _permutation(r: int, seed: int) -> tuple[int, ...]:
+    return tuple(torch.randperm(r, generator=torch.Generator().manual_seed(seed)).tolist())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("built_from", ["pairs", "table", "scaled pairs"])
+def test_relabeled_map_runs_the_weight_in_its_order(device, built_from):
+    """relation j of m.relabeled(order) is relation order[j] of m: W over it is W[argsort(order)]
+    over m, forward and both gradients."""
+    from relconv.ops import relational_conv
+
+    ii, oi, rel = _triples(seed=3)
+    if built_from == "table":
+        table = torch.randint(-1, 30, (25, 7), generator=torch.Generator().manual_seed(4))
+        m = RelationalMap.from_neighbor_table(table.to(device), 30)
+    else:
+        scale = torch.rand(200, dtype=torch.float64) if built_from == "scaled pairs" else None
+        m = RelationalMap.from_triples(ii, oi, rel, 30, 25, 7, scale=scale).to(device)
+    order = _permutation(7, 5)
+    x = torch.randn(30, 6, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(7, 6, 4, dtype=torch.float64, device=device, requires_grad=True)
+    relabeled = m.relabeled(order)
+    got = relational_conv(x, w, relabeled)
+    want = relational_conv(x, w[torch.argsort(torch.tensor(order, device=device))], m)
+    torch.testing.assert_close(got, want)
+    g = torch.randn_like(got)
+    for a, b in zip(torch.autograd.grad(got, (x, w), g), torch.autograd.grad(want, (x, w), g), strict=True):
+        torch.testing.assert_close(a, b)
+    assert relabeled.num_relations == 7 and relabeled.num_pairs == m.num_pairs
+    assert m.relabeled(list(order)) is relabeled  # cached per order
+    assert m.relabeled(range(7)) is m
+
+
+def test_relabeled_rejects_an_order_that_is_no_permutation():
+    m = RelationalMap.from_triples(*_triples(), 30, 25, 7)
+    for bad in ((0, 1, 2), (0, 1, 2, 3, 4, 5, 5), (1, 2, 3, 4, 5, 6, 7)):
+        with pytest.raises(ValueError, match="order must be a permutation of the map's 7 relations"):
+            m.relabeled(bad)

@@ -119,3 +119,36 @@ def test_conv_at_tensor_stride_two_matches_dense_on_coarse_grid(kernel, stride):
     k3, s3 = (kernel,) * 3, (stride,) * 3
     ref = dense_conv(unit, w, unit_out, SIZE, 2, k3, s3, (1, 1, 1), 1)
     torch.testing.assert_close(y.feats, ref)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "transposed"), [(3, 1, False), ((3, 1, 2), 2, False), (2, 2, True)]
+)
+def test_offset_order_runs_the_weight_as_listed(kernel, stride, transposed):
+    """conv3d(..., offset_order=o) with W equals the conv in relconv's order with W[argsort(o)]."""
+    k = triple(kernel, "k")
+    volume = math.prod(k)
+    x = random_voxels(90, SIZE, 4, batch=2, seed=11)
+    if transposed:  # onto the sites of the strided conv whose map it reuses
+        down = conv3d(x, _weight(k, 4, 4, 1, seed=3).detach(), k, stride)
+        x = down.replace_feature(down.feats.detach())
+    x.feats.requires_grad_(True)
+    order = tuple(torch.randperm(volume, generator=torch.Generator().manual_seed(2)).tolist())
+    w = _weight(k, 4, 8, 1)
+    got = conv3d(x, w, k, stride, transposed=transposed, offset_order=order)
+    want = conv3d(x, w[torch.argsort(torch.tensor(order))], k, stride, transposed=transposed)
+    assert torch.equal(got.coords, want.coords)
+    torch.testing.assert_close(got.feats, want.feats)
+    g = torch.randn_like(got.feats)
+    got_grads = torch.autograd.grad(got.feats, (x.feats, w), g)
+    want_grads = torch.autograd.grad(want.feats, (x.feats, w), g)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_offset_order_must_permute_the_kernel_offsets():
+    x = random_voxels(40, SIZE, 4, seed=1)
+    w = _weight((3, 3, 3), 4, 8, 1)
+    for bad in (tuple(range(26)), (0,) * 27, tuple(range(1, 28))):
+        with pytest.raises(ValueError, match=r"offset_order must be a permutation of range\(27\)"):
+            conv3d(x, w, 3, offset_order=bad)

@@ -15,8 +15,12 @@ A strided conv on those bounded sites (and its transposed conv) runs over the gr
 in TorchSparse's own offsets; relconv's native strided map would need a larger kernel wherever the
 padding does not centre it (`_layout`).
 - dilation: TorchSparse 2.1's map builders take none, so maps here ignore it as well.
-The weight is TorchSparse's `kernel` `[K, C_in, C_out]` in its offset order; `_layout` turns it
-into relconv's order inside the autograd graph (one gather, skipped where the orders agree).
+The weight is TorchSparse's `kernel` `[K, C_in, C_out]` in its offset order (odd sizes list the
+offsets x fastest, relconv z fastest). `_layout` turns it into relconv's order inside the autograd
+graph (one gather, skipped where the orders agree; kept across calls while autograd is off), except
+in CUDA training where relconv's kernel has the same offsets: the conv then runs over the map with
+its relations relabelled to TorchSparse's order (`RelationalMap.relabeled`, once per map) and takes
+the kernel as it is (`relabels`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from torch import Tensor, nn
 
 from relconv.core import RelationalMap
 from relconv.ops import MapCalls, relational_conv
-from relconv.torchsparse._layout import Geometry, grid_geometry, relconv_geometry, to_relconv
+from relconv.torchsparse._layout import Geometry, grid_geometry, offset_order, relconv_geometry, to_relconv
 from relconv.torchsparse._layout import torchsparse_lows_cached as torchsparse_lows
 from relconv.torchsparse.nn.functional.conv_config import map_modes
 from relconv.torchsparse.nn.functional.pending import PendingConv
@@ -129,7 +133,7 @@ class Runs:
         # The module these calls serve: a copy of it (DataParallel's replicas share its __dict__)
         # makes its own, as the kept weights are the module's.
         self.owner = weakref.ref(owner)
-        self.layers: dict[Triple, tuple[Geometry, PreparedCalls]] = {}
+        self.layers: dict[tuple[Triple, bool], tuple[Geometry, PreparedCalls]] = {}
         self.grid_calls = MapCalls()
         self.index: dict[tuple, Tensor] = {}
         self.weights: dict[tuple, tuple] = {}
@@ -142,10 +146,12 @@ class Runs:
         self.__dict__.update(state)
         self.owner = lambda: None
 
-    def layer(self, kernel_size: Triple, lows: Triple) -> tuple[Geometry, PreparedCalls]:
-        entry = self.layers.get(lows)
+    def layer(self, kernel_size: Triple, lows: Triple, relabel: bool) -> tuple[Geometry, PreparedCalls]:
+        """The geometry and prepared calls of the map `lows`, apart for calls over a relabelled map
+        (`relabels`), whose prepared calls take the kernel unconverted."""
+        entry = self.layers.get((lows, relabel))
         if entry is None:
-            entry = self.layers[lows] = (relconv_geometry(kernel_size, lows), PreparedCalls())
+            entry = self.layers[(lows, relabel)] = (relconv_geometry(kernel_size, lows), PreparedCalls())
         return entry
 
     def weight(self, kernel: Tensor, layout: tuple, geometry: Geometry) -> Tensor:
@@ -216,17 +222,19 @@ def run_conv(
             return _wrap(out, out_ts, out_range, caches, hint)
         if record.voxel is not None:
             vt = VoxelTensor(vt.feats, vt.coords, vt.stride, cache=record.voxel)
-    geometry, calls = runs.layer(k, lows) if runs is not None else (relconv_geometry(k, lows), None)
-    weight = _converted(weight, lows, geometry, runs)
+    relabel = relabels(weight)
+    geometry, calls = runs.layer(k, lows, relabel) if runs is not None else (relconv_geometry(k, lows), None)
+    order = offset_order(geometry) if relabel else None
     out = voxel_conv3d(
         vt,
-        weight,
+        weight if order is not None else _converted(weight, lows, geometry, runs),
         geometry.size,
         stride=s,
         bias=bias,
         transposed=transposed,
         activation=activation,
         prepared=calls,
+        offset_order=order,
     )
     return _wrap(out, out_ts, out_range, caches, hint)
 
@@ -241,11 +249,26 @@ def _grid_conv(
     runs: Runs | None,
 ) -> Tensor:
     """The conv of `feats` over a grid map (relation = kernel digits, first axis slowest) with
-    TorchSparse's `kernel` reordered to it (`grid_geometry`)."""
-    weight = _converted(kernel, ("grid", k), grid_geometry(k), runs)
+    TorchSparse's `kernel` (`grid_geometry`): reordered, or as it is over the relabelled map
+    (`relabels`)."""
+    geometry = grid_geometry(k)
+    order = offset_order(geometry) if relabels(kernel) else None
+    if order is not None:
+        rmap, weight = rmap.relabeled(order), kernel
+    else:
+        weight = _converted(kernel, ("grid", k), geometry, runs)
     if runs is not None:
         return runs.grid_calls(feats, weight, rmap, bias, activation)
     return relational_conv(feats, weight, rmap, bias=bias, activation=activation)
+
+
+def relabels(kernel: Tensor) -> bool:
+    """Whether a conv takes TorchSparse's kernel as it is, over its map relabelled to TorchSparse's
+    offset order (`_layout.offset_order`): in CUDA training. There the relabelling is one gather of
+    the map's table, once per map, where converting the kernel costs a gather per call and two ops
+    per backward; inference keeps the converted kernel across calls (`Runs.weight`), and a CPU map,
+    built as pairs, takes ten ops to relabel."""
+    return kernel.is_cuda and kernel.requires_grad and torch.is_grad_enabled()
 
 
 def _converted(kernel: Tensor, layout: tuple, geometry: Geometry, runs: Runs | None) -> Tensor:
