@@ -178,7 +178,9 @@ def relabeled(rmap: RelationalMap, order: tuple[int, ...]) -> RelationalMap:
             raise ValueError(
                 f"order must be a permutation of the map's {rmap.num_relations} relations, got {list(order)}"
             )
-        out = rmap._cache[key] = rmap if order == tuple(range(rmap.num_relations)) else _relabel(rmap, order)
+        if order == tuple(range(rmap.num_relations)):
+            return rmap
+        out = rmap._cache[key] = _relabel(rmap, order)
     return out
 
 
