@@ -1,5 +1,6 @@
 """The views of a RelationalMap that the conv kernels read and ops build: pair lists padded on the
-device, the table's schedule order, the transposed neighbour table and its order.
+device, the table's schedule order, the transposed neighbour table and its order, and the map with
+its relations relabelled to another order.
 
 Each is cached on the map (`RelationalMap._cache`), so that every layer over one map shares it;
 relconv.core keeps the map's data and its validation, and its methods of the same names hand over
