@@ -31,12 +31,13 @@ def _layer(cin, cout, kernel_size, **kw):
     return layer
 
 
-@pytest.fixture(params=["as-run", "relabelled"])
+@pytest.fixture(params=["relabelled", "converted"])
 def kernel_path(request, monkeypatch):
-    """Each conv as its device runs it, and through the path of CUDA training (TorchSparse's kernel
-    as it is, over the map relabelled to its offset order), forced here on every device."""
-    if request.param == "relabelled":
-        monkeypatch.setattr(ts_conv, "relabels", lambda kernel: True)
+    """Each conv both ways, whatever autograd says: TorchSparse's kernel as it is over the map
+    relabelled to its offset order (training's path), and the kernel converted to relconv's order
+    (inference's)."""
+    forced = request.param == "relabelled"
+    monkeypatch.setattr(ts_conv, "relabels", lambda kernel: forced)
 
 
 def _grads(x, out, ref, layer):

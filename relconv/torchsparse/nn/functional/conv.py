@@ -18,9 +18,9 @@ padding does not centre it (`_layout`).
 The weight is TorchSparse's `kernel` `[K, C_in, C_out]` in its offset order (odd sizes list the
 offsets x fastest, relconv z fastest). `_layout` turns it into relconv's order inside the autograd
 graph (one gather, skipped where the orders agree; kept across calls while autograd is off), except
-in CUDA training where relconv's kernel has the same offsets: the conv then runs over the map with
-its relations relabelled to TorchSparse's order (`RelationalMap.relabeled`, once per map) and takes
-the kernel as it is (`relabels`).
+in training where relconv's kernel has the same offsets: the conv then runs over the map with its
+relations relabelled to TorchSparse's order (`RelationalMap.relabeled`, once per map) and takes the
+kernel as it is (`relabels`).
 """
 
 from __future__ import annotations
@@ -264,11 +264,12 @@ def _grid_conv(
 
 def relabels(kernel: Tensor) -> bool:
     """Whether a conv takes TorchSparse's kernel as it is, over its map relabelled to TorchSparse's
-    offset order (`_layout.offset_order`): in CUDA training. There the relabelling is one gather of
-    the map's table, once per map, where converting the kernel costs a gather per call and two ops
-    per backward; inference keeps the converted kernel across calls (`Runs.weight`), and a CPU map,
-    built as pairs, takes ten ops to relabel."""
-    return kernel.is_cuda and kernel.requires_grad and torch.is_grad_enabled()
+    offset order (`_layout.offset_order`): in training. There the relabelling costs one gather of
+    the map (its table's columns on CUDA), once per map, where converting the kernel costs a gather
+    per call and two ops per backward (CPU, two tiny scans, median training step:
+    `SparseResUNet42` 360 -> 312 ms, `SparseResNet21D` 258 -> 255 ms). Inference keeps the
+    converted kernel across calls (`Runs.weight`), which costs nothing per call."""
+    return kernel.requires_grad and torch.is_grad_enabled()
 
 
 def _converted(kernel: Tensor, layout: tuple, geometry: Geometry, runs: Runs | None) -> Tensor:
