@@ -150,18 +150,15 @@ def transposed_table_order(rmap: RelationalMap, work: float = 1.0, threshold: fl
     )
 
 
-# Relation orders as index tensors, per (order, device): made once, copied from pinned memory (a
-# pageable copy would wait for the GPU on every new map).
+# Relation orders as index tensors, per (order, device): made once per process, so every later map
+# relabels without a copy from the host.
 _ORDER_INDEX: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
 
 
 def _order_index(order: tuple[int, ...], device: torch.device) -> Tensor:
     index = _ORDER_INDEX.get((order, device))
     if index is None:
-        index = torch.tensor(order, dtype=torch.int64)
-        if device.type == "cuda":
-            index = index.pin_memory().to(device, non_blocking=True)
-        _ORDER_INDEX[(order, device)] = index
+        index = _ORDER_INDEX[(order, device)] = torch.tensor(order, dtype=torch.int64, device=device)
     return index
 
 
