@@ -133,7 +133,7 @@ class Runs:
         # The module these calls serve: a copy of it (DataParallel's replicas share its __dict__)
         # makes its own, as the kept weights are the module's.
         self.owner = weakref.ref(owner)
-        self.layers: dict[tuple[Triple, bool], tuple[Geometry, PreparedCalls]] = {}
+        self.layers: dict[tuple[Triple, bool], PreparedCalls] = {}
         self.grid_calls = MapCalls()
         self.index: dict[tuple, Tensor] = {}
         self.weights: dict[tuple, tuple] = {}
@@ -146,13 +146,13 @@ class Runs:
         self.__dict__.update(state)
         self.owner = lambda: None
 
-    def layer(self, kernel_size: Triple, lows: Triple, relabel: bool) -> tuple[Geometry, PreparedCalls]:
-        """The geometry and prepared calls of the map `lows`, apart for calls over a relabelled map
-        (`relabels`), whose prepared calls take the kernel unconverted."""
-        entry = self.layers.get((lows, relabel))
-        if entry is None:
-            entry = self.layers[(lows, relabel)] = (relconv_geometry(kernel_size, lows), PreparedCalls())
-        return entry
+    def calls(self, lows: Triple, relabelled: bool) -> PreparedCalls:
+        """The prepared calls over the map `lows`, apart for calls over its relabelled form, whose
+        prepared calls take the kernel unconverted."""
+        calls = self.layers.get((lows, relabelled))
+        if calls is None:
+            calls = self.layers[(lows, relabelled)] = PreparedCalls()
+        return calls
 
     def weight(self, kernel: Tensor, layout: tuple, geometry: Geometry) -> Tensor:
         """`kernel` in `geometry`'s order, kept per `layout` (the map's lows, or "grid") while
@@ -222,9 +222,9 @@ def run_conv(
             return _wrap(out, out_ts, out_range, caches, hint)
         if record.voxel is not None:
             vt = VoxelTensor(vt.feats, vt.coords, vt.stride, cache=record.voxel)
-    relabel = relabels(weight)
-    geometry, calls = runs.layer(k, lows, relabel) if runs is not None else (relconv_geometry(k, lows), None)
-    order = offset_order(geometry) if relabel else None
+    geometry = relconv_geometry(k, lows)
+    order = offset_order(geometry) if relabels(weight) else None
+    calls = None if runs is None else runs.calls(lows, order is not None)
     out = voxel_conv3d(
         vt,
         weight if order is not None else _converted(weight, lows, geometry, runs),
