@@ -300,9 +300,12 @@ int64_t workspace_target_tiles(int64_t per_relation, int64_t elem_bytes, int64_t
 }
 
 // The tensor-core weight gradient as one cooperative launch (conv_weight_grad_mma_fused), when a
-// launch may be cooperative now and enough blocks fit the GPU at once: at least as many tiles as
-// relations beside the relations' partial tiles, within the target block count and the workspace
-// bound. An undefined tensor (nothing launched) otherwise.
+// launch may be cooperative now and enough blocks fit the GPU at once: at least two tiles per
+// relation beside the relations' partial tiles, within the target block count and the workspace
+// bound. An undefined tensor (nothing launched) otherwise. Fewer tiles leave the launch unbalanced:
+// H100, subm 3^3 C256 (four blocks a tile), kernel us, 64-beam scan / four scans / room-3cm, 39
+// tiles for 27 relations against the split form: fp16 521 / 1823 / 5313 against 372 / 1432 / 4254,
+// exact fp32 2147 / 7815 / 23459 against 1953 / 7218 / 22233.
 // H100, 64-beam scan, C64 fp16 (2M pairs), one op call against the three-launch form: host 29-32 ->
 // 13-15 us, GPU (queued) 46-47.5 -> 45-46 us (python -m benchmarks.run --suite voxel, fwd+bwd rows).
 template <typename T, typename Idx, typename Cfg, int kStages, bool kExact>
@@ -319,7 +322,7 @@ at::Tensor launch_weight_grad_fused(cuda::WeightGradArgs<T, Idx> a, int64_t y, i
   const int64_t fit = resident_blocks<kernel>(kThreads, kBytes) / blocks_per_tile - a.num_relations;
   const int64_t room = workspace_target_tiles(per_relation, sizeof(float), a.num_relations);
   const int64_t target_tiles = std::min({target_blocks / blocks_per_tile, fit, room});
-  if (target_tiles < a.num_relations) return {};
+  if (target_tiles < 2 * a.num_relations) return {};
   const int64_t tiles = target_tiles + a.num_relations;  // the schedule's bound
   // One allocation: the tiles' partial sums, then the schedule (R + 2 int64 after 16-byte floats).
   at::Tensor work = at::empty({tiles * per_relation + 2 * (a.num_relations + 2)}, opts.dtype(at::kFloat));

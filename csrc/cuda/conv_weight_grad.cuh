@@ -271,10 +271,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 //      relation in a fixed order and round once into the output.
 // No atomics and no zeroed buffer: bitwise reproducible whatever the deterministic switch says.
 // What phase 1 and 2 wrote is read in phase 3 with ld.cg (L2), never through the non-coherent path.
-// Exact fp32's 128 x 128 tile gets two blocks per SM (128 registers): its 8 x 8 lane tiles otherwise
-// take ~160 registers, one block per SM. (The split kernel would spill under that budget.)
+// The 128 x 128 tile gets two blocks per SM (128 registers): it otherwise takes ~155 registers (the
+// reduction's beside the tile's), one block of 8 warps per SM, too few gathers in flight to hide
+// their latency (H100, subm 3^3 fp16, kernel us, 64-beam scan / four scans / room-3cm: C128 206 ->
+// 110 / 696 -> 345 / 1995 -> 967; TF32 C128 355 -> 197 / 1304 -> 697 / 3915 -> 2032). (The split
+// exact fp32 kernel would spill under that budget.)
 template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kExact && BM >= 128 ? 2 : 1)
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, BM >= 128 ? 2 : 1)
     conv_weight_grad_mma_fused(const WeightGradArgs<T, Idx> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ PairTile s_tile;
