@@ -128,6 +128,27 @@ def test_spatial_range_bounds_and_propagates():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_strided_conv_takes_its_grid_from_the_spatial_range(device):
+    # A range equal to the sites' own extent gives the sites and features of the conv without one
+    layer = _layer(3, 4, 3, stride=2).to(device)
+    x = scene(device=device)
+    ranged = scene(device=device)
+    ranged.spatial_range = (BATCH, *(int(v) + 1 for v in x.coords[:, 1:].amax(0).tolist()))
+    want, got = layer(x), layer(ranged)
+    assert torch.equal(got.coords, want.coords)
+    torch.testing.assert_close(got.feats, want.feats)
+    # sites outside the range are an error, not a silently cropped map
+    outside = scene(device=device)
+    outside.spatial_range = (BATCH, GRID - 2, GRID, GRID)
+    with pytest.raises(ValueError, match="must lie inside spatial_shape"):
+        layer(outside)
+    too_few_batches = scene(device=device)
+    too_few_batches.spatial_range = (BATCH - 1, GRID, GRID, GRID)
+    with pytest.raises(ValueError, match="batch indices"):
+        layer(too_few_batches)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("kernel_size", "padding"), [(2, 0), (3, 0), (3, 1)])
 def test_transposed_reuses_the_strided_map(device, kernel_size, padding, kernel_path):
     x = scene(device=device)

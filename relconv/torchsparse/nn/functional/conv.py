@@ -374,7 +374,7 @@ def _downsample(
     floor = hashmap and (minkowski or all(si in (1, ki) for si, ki in zip(s, k, strict=True)))
     # The default mode's map reads o * s - padding + d, the grid map's; the "hashmap" mode centres
     # its offsets whatever the padding, so it keeps relconv's native map.
-    grid = None if hashmap else _grid_map(x.coords, k, s, padding, out_range)
+    grid = None if hashmap else _grid_map(x.coords, k, s, padding, x.spatial_range, out_range)
     if grid is not None:
         rmap, coords = grid
     else:
@@ -400,25 +400,29 @@ def _downsample(
 
 
 def _grid_map(
-    coords: Tensor, k: Triple, s: Triple, padding: Triple, out_range: tuple | None
+    coords: Tensor, k: Triple, s: Triple, padding: Triple, in_range: tuple | None, out_range: tuple | None
 ) -> tuple[RelationalMap, Tensor] | None:
     """(grid map, output sites) of the default mode's strided conv: the sites of `downsample_coords`
     in the same order, and the map onto them in TorchSparse's offsets. None where coordinates may
-    be negative (`set_allow_negative_coordinates`), none are given, or no site fits the bound."""
+    be negative (`set_allow_negative_coordinates`), none are given, or no site fits the bound.
+
+    A tensor with a `spatial_range` gives the grid: its coordinates must lie inside it (the map
+    builder checks, as TorchSparse's grid kernels index by it), and no host read is needed.
+    Otherwise one host read of the coordinates' extent gives it."""
     if get_allow_negative_coordinates() or coords.shape[0] == 0:
         return None
     c = coords if coords.dtype == torch.int32 else coords.int()
-    low, top = bounds(c)  # one host read: the grid's extent
-    if min(low) < 0:
-        return None
-    if out_range is not None:
-        out_shape = list(out_range[1:])
+    if in_range is not None and out_range is not None:
+        batch_size, in_shape, out_shape = in_range[0], list(in_range[1:]), list(out_range[1:])
     else:
+        low, top = bounds(c)
+        if min(low) < 0:
+            return None
+        batch_size, in_shape = top[0] + 1, [t + 1 for t in top[1:]]
         out_shape = [(top[a + 1] + 2 * padding[a] - (k[a] - 1)) // s[a] + 1 for a in range(3)]
     if min(out_shape) < 1:
         return None
-    in_shape = [t + 1 for t in top[1:]]
-    return build_map(c, top[0] + 1, in_shape, out_shape, list(k), list(s), list(padding), [1, 1, 1], False)
+    return build_map(c, batch_size, in_shape, out_shape, list(k), list(s), list(padding), [1, 1, 1], False)
 
 
 def downsample_coords(
