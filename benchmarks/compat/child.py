@@ -69,7 +69,7 @@ class Side:
             if backbone.name not in native.TWINS:
                 raise bb.HarnessError(f"{backbone.name} has no relconv-native twin")
             self.model = native.TWINS[backbone.name]()
-            self._input, self._outputs = native.make_input, native.outputs
+            self._input, self._outputs = native.INPUTS[backbone.name], native.outputs
         else:
             self.model = backbone.build(root, voxels)
             self._input, self._outputs = backbone.make_input, backbone.outputs

@@ -105,12 +105,6 @@ def markdown(results: list[dict]) -> str:
         lines += ["", "Errors:", "", *(f"- {e.splitlines()[-1]}" for e in errors)]
     libraries = sorted({f"{r['library_kind']} = {r['library']}" for r in results if "library" in r})
     lines += ["", "Libraries: " + "; ".join(libraries)]
-    timed = {r["backbone"] for r in results}
-    lines += [
-        f"- {name}: the native twin's coarse sites differ from TorchSparse's (a timing reference only)"
-        for name, exact in native.EXACT.items()
-        if not exact and name in timed
-    ]
     return "\n".join(lines) + "\n"
 
 

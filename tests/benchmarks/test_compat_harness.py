@@ -12,6 +12,7 @@ import torch
 from benchmarks.compat import backbones, native, parity
 from benchmarks.compat.child import projection_loss
 from relconv.convert import convert_state_dict
+from relconv.voxel import VoxelTensor
 
 
 def _outputs(seed=0, n=50):
@@ -107,6 +108,54 @@ def test_native_twin_loads_torchsparse_named_state(name):
     native.load_torchsparse_state(fresh, ts_state)
     for k, v in twin.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize(("kernel_size", "stride"), [(3, 2), ((1, 3, 1), (1, 2, 1))])
+def test_grid_block_is_torchsparse_default_strided_conv_block(kernel_size, stride):
+    """The SparseResNet21D twin's strided block against relconv.torchsparse's conv -> BatchNorm ->
+    ReLU on a tensor with a spatial range: same sites, features and gradients, in training and folded
+    at inference."""
+    import relconv.torchsparse as torchsparse
+    import relconv.torchsparse.nn as spnn
+
+    g = torch.Generator().manual_seed(0)
+    coords = torch.unique(
+        torch.cat([torch.randint(0, 2, (80, 1), generator=g), torch.randint(0, 9, (80, 3), generator=g)], 1),
+        dim=0,
+    ).int()
+    feats = torch.randn(coords.shape[0], 3, generator=g, dtype=torch.float64)
+    grid = (2, 10, 10, 10)
+    ts_block = torch.nn.Sequential(
+        spnn.Conv3d(3, 4, kernel_size, stride=stride), spnn.BatchNorm(4), spnn.ReLU(True)
+    )
+    twin = native._GridBlock(3, 4, kernel_size, stride)
+    ts_block.double(), twin.double()
+    with torch.no_grad():
+        ts_block[0].kernel.normal_(generator=g)
+        ts_block[1].weight.uniform_(0.5, 1.5, generator=g)
+        ts_block[1].bias.normal_(generator=g)
+    sizes = {"0": twin[0].kernel_size}
+    state = convert_state_dict(
+        ts_block.state_dict(), "torchsparse", "relconv", kernel_sizes=sizes, strides={"0": twin[0].stride}
+    )
+    twin.load_state_dict({k: state[k.replace(".module.", ".")] for k in twin.state_dict()})
+    twin[0].grid = grid
+    for training in (True, False):
+        ts_block.train(training), twin.train(training)
+        with torch.set_grad_enabled(training):
+            x_ts = torchsparse.SparseTensor(
+                feats.clone().requires_grad_(training), coords, spatial_range=grid
+            )
+            x_native = VoxelTensor(feats.clone().requires_grad_(training), coords)
+            want, got = ts_block(x_ts), twin(x_native)
+            out_stride = torch.tensor([1, *twin[0].stride], dtype=torch.int32)
+            assert torch.equal(got.coords, want.coords * out_stride)
+            torch.testing.assert_close(got.feats, want.feats)
+            if training:
+                w = torch.randn(want.feats.shape, generator=g, dtype=torch.float64)
+                (want.feats * w).sum().backward()
+                (got.feats * w).sum().backward()
+                torch.testing.assert_close(x_native.feats.grad, x_ts.feats.grad)
 
 
 def test_library_and_snapshot_errors_are_clear(tmp_path):
