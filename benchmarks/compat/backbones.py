@@ -68,7 +68,7 @@ def use_library(family: str, library: str) -> str:
     if library not in LIBRARIES:
         raise HarnessError(f"library must be one of {LIBRARIES}, got {library!r}")
     if library == "native":
-        return "relconv.voxel native layers"
+        return "relconv native twin (relconv.voxel layers; grid convs on relconv.ops)"
     if library == "shim":
         try:
             shim = importlib.import_module(f"relconv.{family}")
