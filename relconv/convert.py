@@ -11,7 +11,9 @@ layout         conv weight                         index order
 =============  ==================================  =================================================
 relconv        `Conv3d.weight` [K, C_in, C_out]    k = (i0 * k1 + i1) * k2 + i2 (axis 0 slowest)
 warpconvnet    `weight` [K, C_in, C_out]           relconv's (a meshgrid with "ij" indexing)
-spconv         `weight` [C_out, k0, k1, k2, C_in]  kernel axes = index columns 1..3 (KRSC)
+spconv         `weight` [C_out, k0, k1, k2, C_in]  kernel axes = index columns 1..3 (KRSC); a
+               (1x1x1 stride 1: its storage read   1x1x1 stride-1 conv multiplies by the storage
+               as [C_in, C_out])                   viewed as [C_in, C_out], not transposed
 torchsparse    `kernel` [K, C_in, C_out]           odd K: k = (i2 * k1 + i1) * k0 + i0 (axis 0
                ([C_in, C_out] for 1x1x1 stride 1)  fastest); even K: relconv's
 minkowski      `kernel` [K, C_in, C_out]           k = (i2 * k1 + i1) * k0 + i0 for every K
@@ -97,7 +99,14 @@ def _reversed_order(layout: str, volume: int) -> bool:
     return layout == "minkowski" or (layout == "torchsparse" and volume % 2 == 1)
 
 
-def _to_canonical(w: Tensor, layout: str, ks: Size3) -> Tensor:
+def _spconv_matmul(ks: Size3, stride: Size3) -> bool:
+    """spconv 2.3 runs a 1x1x1 stride-1 conv (submanifold or regular) as `features @
+    weight.view(C_in, C_out)`: its `[C_out, 1, 1, 1, C_in]` storage read as `[C_in, C_out]`, not
+    transposed (FILTER_HWIO off, spconv's default). Trained checkpoints hold weights for that product."""
+    return math.prod(ks) == 1 and stride == (1, 1, 1)
+
+
+def _to_canonical(w: Tensor, layout: str, ks: Size3, stride: Size3) -> Tensor:
     """Any layout -> [k0, k1, k2, C_in, C_out] indexed by per-axis kernel index."""
     volume = math.prod(ks)
     if layout == "spconv":
@@ -108,6 +117,8 @@ def _to_canonical(w: Tensor, layout: str, ks: Size3) -> Tensor:
             )
         if tuple(w.shape[1:4]) != ks:
             raise ValueError(f"spconv weight kernel axes {tuple(w.shape[1:4])} do not match kernel_size {ks}")
+        if _spconv_matmul(ks, stride):
+            return w.reshape(1, 1, 1, w.shape[4], w.shape[0])
         return w.permute(1, 2, 3, 4, 0)
     if w.dim() == 2 and layout in ("torchsparse", "minkowski"):
         if volume != 1:
@@ -129,6 +140,8 @@ def _from_canonical(c: Tensor, layout: str, ks: Size3, stride: Size3) -> Tensor:
     volume = math.prod(ks)
     c_in, c_out = c.shape[3:]
     if layout == "spconv":
+        if _spconv_matmul(ks, stride):
+            return c.contiguous().reshape(c_out, 1, 1, 1, c_in)
         return c.permute(4, 0, 1, 2, 3).contiguous()
     if _reversed_order(layout, volume):
         c = c.permute(2, 1, 0, 3, 4)
@@ -153,8 +166,9 @@ def convert_weight(
         weight: the weight as `src` stores it.
         src, dst: one of `LAYOUTS`.
         kernel_size: int or 3 ints, the conv's kernel size in coordinate-column order.
-        stride: the conv's stride; only decides the shape of a 1x1x1 TorchSparse or MinkowskiEngine
-            kernel ([C_in, C_out] at stride 1, [1, C_in, C_out] otherwise).
+        stride: the conv's stride; only matters for 1x1x1 kernels: the shape of a TorchSparse or
+            MinkowskiEngine one ([C_in, C_out] at stride 1, [1, C_in, C_out] otherwise), and how
+            spconv reads one (at stride 1 its storage as [C_in, C_out], see below).
         region_type: MinkowskiEngine's kernel region (a name or its `RegionType` member); only
             HYPER_CUBE, its default, converts.
     Returns:
@@ -170,7 +184,7 @@ def convert_weight(
             "counterpart (HYPER_CROSS and custom offsets are not a box of offsets)"
         )
     ks, st = _size3(kernel_size, "kernel_size"), _size3(stride, "stride")
-    return _from_canonical(_to_canonical(weight, src, ks), dst, ks, st).clone()
+    return _from_canonical(_to_canonical(weight, src, ks, st), dst, ks, st).clone()
 
 
 def _is_conv_weight(name: str, value: Tensor, layout: str) -> bool:
@@ -242,8 +256,8 @@ def convert_state_dict(
         kernel_sizes: `{module name: kernel size}` (e.g. `kernel_sizes_of(model)` of either model).
             Needed for a K-offset layout whose K is not a cube (a 3x1x1 kernel); spconv weights carry
             their kernel size, cubes are inferred.
-        strides: `{module name: stride}`; only the shape of 1x1x1 kernels depends on it (see
-            `convert_weight`). Missing modules count as stride 1.
+        strides: `{module name: stride}`; only 1x1x1 kernels depend on it (see `convert_weight`).
+            Missing modules count as stride 1.
         keys: the conv weight keys to convert (an iterable or a predicate on the key) when the
             name/shape rule would pick wrong tensors, e.g. a dense `torch.nn.Conv1d` weight that is
             3-D and called `weight` like relconv's.

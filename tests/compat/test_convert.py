@@ -78,6 +78,9 @@ def _entries_warpconvnet(w, ks, stride=1):
 
 
 def _entries_spconv(w, ks, stride=1):
+    if math.prod(ks) == 1 and stride == 1:
+        # spconv 2.3's conv1x1 path (FILTER_HWIO off): features @ weight.view(C_in, C_out)
+        return [((0, 0, 0), w.reshape(w.shape[4], w.shape[0]))]
     return [
         ((i0, i1, i2), w[:, i0, i1, i2, :].T) for i0, i1, i2 in itertools.product(*(range(k) for k in ks))
     ]

@@ -20,10 +20,11 @@ def _voxels(n=80, size=7, c=3, seed=0):
 
 
 def _native(third: tuple[int, int, int], strided: bool) -> Sequential:
-    """The test networks in relconv's layers (module names as in the shims' models)."""
+    """The test networks in relconv's layers (module names as in the shims' models); the spconv one
+    (`strided`) ends in a 1x1x1 conv and a 2^3 stride-2 conv."""
     layers = [Conv3d(3, 8, 3), BatchNorm(8), ReLU(), Conv3d(8, 8, (3, 1, 1), bias=True), Conv3d(8, 6, third)]
     if strided:
-        layers.append(Conv3d(6, 4, 2, stride=2))
+        layers += [Conv3d(6, 5, 1, bias=True), Conv3d(5, 4, 2, stride=2)]
     return Sequential(*layers).to(DT).eval()
 
 
@@ -58,7 +59,8 @@ def test_spconv_state_dict_runs_in_native_layers():
         torch.nn.ReLU(),
         spconv.SubMConv3d(8, 8, (3, 1, 1), bias=True, indice_key="b"),
         spconv.SubMConv3d(8, 6, (1, 3, 5), bias=False, indice_key="c"),
-        spconv.SparseConv3d(6, 4, 2, stride=2, bias=False),  # 2^3 stride 2: the same sites everywhere
+        spconv.SubMConv3d(6, 5, 1, bias=True),  # spconv multiplies by its storage read as [C_in, C_out]
+        spconv.SparseConv3d(5, 4, 2, stride=2, bias=False),  # 2^3 stride 2: the same sites everywhere
     ).to(DT)
     _randomise(model)
     model.eval()
