@@ -77,13 +77,13 @@ class Side:
 
     def load(self, state: dict) -> None:
         if self.library == "native":
-            native.load_torchsparse_state(self.model, state)
+            native.load_state(self.model, state, native.LAYOUTS[self.backbone.name])
         else:
             self.model.load_state_dict(state, strict=True)
 
     def param_grads(self) -> dict[str, torch.Tensor]:
         if self.library == "native":
-            return native.grads_as_torchsparse(self.model)
+            return native.grads_as(self.model, native.LAYOUTS[self.backbone.name])
         return {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
 
     def features(self, dtype, requires_grad: bool) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 
 from benchmarks.compat import backbones, native, parity
 from benchmarks.compat.child import projection_loss
+from benchmarks.compat.grid_conv import GridBlock
 from relconv.convert import convert_state_dict
 from relconv.voxel import VoxelTensor
 
@@ -94,18 +95,22 @@ def test_a_parameter_gradient_that_is_zero_in_exact_arithmetic_is_measured_again
 
 
 @pytest.mark.parametrize("name", sorted(native.TWINS))
-def test_native_twin_loads_torchsparse_named_state(name):
-    """A state_dict under TorchSparse's names and kernel layouts loads into the twin and reads back."""
+def test_native_twin_loads_the_real_librarys_named_state(name):
+    """A state_dict under the real library's names and kernel layout loads into the twin and reads
+    back."""
+    layout = native.LAYOUTS[name]
     twin = native.TWINS[name]()
     torch.manual_seed(0)
     for p in twin.parameters():
         p.data.normal_()
     sizes, strides = native._conv_geometry(twin)
     own = {k.replace(".module.", "."): v.clone() for k, v in twin.state_dict().items()}
-    ts_state = convert_state_dict(own, "relconv", "torchsparse", kernel_sizes=sizes, strides=strides)
-    assert any(k.endswith(".kernel") for k in ts_state) and not any(".module." in k for k in ts_state)
+    real_state = convert_state_dict(own, "relconv", layout, kernel_sizes=sizes, strides=strides)
+    name_end, dims = {"torchsparse": (".kernel", 3), "spconv": (".weight", 5)}[layout]
+    assert any(k.endswith(name_end) and v.dim() == dims for k, v in real_state.items())
+    assert not any(".module." in k for k in real_state)
     fresh = native.TWINS[name]()
-    native.load_torchsparse_state(fresh, ts_state)
+    native.load_state(fresh, real_state, layout)
     for k, v in twin.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v), k
 
@@ -128,7 +133,7 @@ def test_grid_block_is_torchsparse_default_strided_conv_block(kernel_size, strid
     ts_block = torch.nn.Sequential(
         spnn.Conv3d(3, 4, kernel_size, stride=stride), spnn.BatchNorm(4), spnn.ReLU(True)
     )
-    twin = native._GridBlock(3, 4, kernel_size, stride)
+    twin = GridBlock(3, 4, kernel_size, stride)
     ts_block.double(), twin.double()
     with torch.no_grad():
         ts_block[0].kernel.normal_(generator=g)
