@@ -163,6 +163,51 @@ def test_grid_block_is_torchsparse_default_strided_conv_block(kernel_size, strid
                 torch.testing.assert_close(x_native.feats.grad, x_ts.feats.grad)
 
 
+@pytest.mark.parametrize(
+    ("kernel_size", "stride", "padding"), [(3, 2, 1), (3, 2, (0, 1, 1)), ((3, 1, 1), (2, 1, 1), 0)]
+)
+def test_grid_block_is_spconv_regular_conv_block(kernel_size, stride, padding):
+    """The OpenPCDet twins' strided block against relconv.spconv's SparseConv3d -> BatchNorm1d ->
+    ReLU on the same grid: same sites, features and gradients, in training and folded at inference."""
+    import relconv.spconv as spconv
+
+    g = torch.Generator().manual_seed(1)
+    sites = torch.randint(0, 9, (90, 3), generator=g)
+    coords = torch.unique(torch.cat([torch.randint(0, 2, (90, 1), generator=g), sites], 1), dim=0).int()
+    feats = torch.randn(coords.shape[0], 3, generator=g, dtype=torch.float64)
+    shape = [9, 10, 11]
+    real = spconv.SparseSequential(
+        spconv.SparseConv3d(3, 4, kernel_size, stride=stride, padding=padding, bias=False),
+        torch.nn.BatchNorm1d(4, eps=1e-3, momentum=0.01),
+        torch.nn.ReLU(),
+    ).double()
+    twin = GridBlock(3, 4, kernel_size, stride, padding, eps=1e-3, momentum=0.01).double()
+    with torch.no_grad():
+        real[0].weight.normal_(generator=g)
+        real[1].weight.uniform_(0.5, 1.5, generator=g)
+        real[1].bias.normal_(generator=g)
+    state = convert_state_dict(real.state_dict(), "spconv", "relconv")
+    twin.load_state_dict({k: state[k.replace(".module.", ".")] for k in twin.state_dict()})
+    twin[0].grid = (2, *shape)
+    for training in (True, False):
+        real.train(training), twin.train(training)
+        with torch.set_grad_enabled(training):
+            x_real = spconv.SparseConvTensor(feats.clone().requires_grad_(training), coords, shape, 2)
+            x_twin = VoxelTensor(feats.clone().requires_grad_(training), coords)
+            want, got = real(x_real), twin(x_twin)
+            order = [
+                sorted(range(len(c)), key=lambda r, c=c: c[r].tolist()) for c in (want.indices, got.coords)
+            ]
+            out_stride = torch.tensor([1, *twin[0].stride], dtype=torch.int32)
+            assert torch.equal(got.coords[order[1]], want.indices[order[0]] * out_stride)
+            torch.testing.assert_close(got.feats[order[1]], want.features[order[0]])
+            if training:
+                w = torch.randn(want.features.shape, generator=g, dtype=torch.float64)
+                (want.features * w).sum().backward()
+                (got.feats[order[1]] * w[order[0]]).sum().backward()
+                torch.testing.assert_close(x_twin.feats.grad, x_real.features.grad)
+
+
 def test_library_and_snapshot_errors_are_clear(tmp_path):
     with pytest.raises(backbones.HarnessError, match="library must be one of"):
         backbones.use_library("spconv", "pytorch")
