@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from relconv.ops import relational_conv
-from relconv.voxel import BatchNorm, ReLU, Sequential, VoxelTensor
+from relconv.voxel import BatchNorm, MapCache, ReLU, Sequential, VoxelTensor
 from relconv.voxel.fold import FoldCache
 from relconv.voxel.grid_map import build_map, conv_output_size
 from relconv.voxel.nn import inference_folding_enabled
@@ -59,7 +59,10 @@ class GridConv(nn.Module):
         w = self.weight if weight is None else weight
         feats = relational_conv(x.feats, w, rmap, bias=bias, activation=activation)
         stride = tuple(t * si for t, si in zip(x.stride, self.stride, strict=True))
-        return VoxelTensor(feats, out_sites * small_constant((1, *stride), x.device, torch.int32), stride)
+        coords = out_sites * small_constant((1, *stride), x.device, torch.int32)
+        cache = MapCache()
+        cache.add_built(coords, stride)  # the grid map's sites: no check of them, no host wait
+        return VoxelTensor(feats, coords, stride, cache=cache)
 
 
 class GridBlock(Sequential):

@@ -411,7 +411,7 @@ def strided_sites(
             as_3d(dilation, 1),
             transposed,
         )
-        out_sites = SiteSet(coords if ndim == 3 else coords[:, : ndim + 1].contiguous(), coords)
+        out_sites = SiteSet(coords if ndim == 3 else coords[:, : ndim + 1].contiguous(), coords, built=True)
         entry = (rmap, out_sites)
         sites.maps[key] = entry
     return entry

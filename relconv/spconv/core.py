@@ -53,12 +53,14 @@ class SiteSet:
     """One coordinate set: the user-facing `indices [N, ndim + 1]`, the relconv coordinates
     `coords [N, 4]` (2-D grids get a zero third axis), the relconv map cache that holds the
     submanifold maps, and the spconv-geometry maps built from these sites (`relconv.voxel.grid_map`),
-    keyed by their geometry."""
+    keyed by their geometry. `built`: the output sites of a relconv map builder, valid by
+    construction, so no map built on them checks them again (`MapCache.add_built`)."""
 
-    __slots__ = ("indices", "coords", "_cache", "maps")
+    __slots__ = ("indices", "coords", "_cache", "maps", "built")
 
-    def __init__(self, indices: Tensor, coords: Tensor | None = None) -> None:
+    def __init__(self, indices: Tensor, coords: Tensor | None = None, built: bool = False) -> None:
         self.indices = indices
+        self.built = built
         if coords is None:
             if indices.shape[1] == 4:
                 coords = indices.contiguous()  # the map builders read rows of 4
@@ -86,6 +88,8 @@ class SiteSet:
             ):
                 return VoxelTensor._trusted(features, coords, (1, 1, 1), cache)
         voxel = VoxelTensor(features, self.coords, cache=cache)
+        if cache is None and self.built:
+            voxel.cache.add_built(voxel.coords, (1, 1, 1))
         self._cache = voxel.cache
         return voxel
 

@@ -149,9 +149,9 @@ class CoordIndex:
     """CUDA hash table over one coordinate set's rows, built on first use, and its validation state.
 
     Shared through `MapCache` by every map built from the same coordinates. `trusted=True` marks
-    coordinates that are valid by construction (outputs of `strided_map`), so they are never read
-    back; otherwise the insert kernel's error word (duplicates, negative batch) is read once, the
-    first time a map needs it.
+    coordinates that are valid by construction (outputs of `strided_map` and of the grid maps,
+    `MapCache.add_built`), so they are never read back; otherwise the insert kernel's error word
+    (duplicates, negative batch) is read once, the first time a map needs it.
 
     A set of `RELEASE_ROWS` rows or more gives its table back once a map has been built from it
     (`map_built`), and a later map with another geometry hashes the rows again. A network builds
@@ -253,6 +253,14 @@ class MapCache:
     maps: dict[tuple, MapEntry] = field(default_factory=dict)
     named: dict[str, MapEntry] = field(default_factory=dict)
     indexes: dict[Triple, CoordIndex] = field(default_factory=dict)
+
+    def add_built(self, coords: Tensor, stride: Triple) -> None:
+        """Keeps `coords` at tensor stride `stride` as valid by construction: the output sites of a
+        relconv map builder (unique, batch indices checked by the builder), so that no map built on
+        them checks them again (on CUDA a wait for the check's error word)."""
+        self.coords[stride] = coords
+        if coords.is_cuda:
+            self.indexes[stride] = CoordIndex(coords, trusted=True)
 
     def coord_index(self, coords: Tensor, stride: Triple) -> CoordIndex | None:
         """The `CoordIndex` of CUDA `coords` at tensor stride `stride` (created once); None on CPU."""

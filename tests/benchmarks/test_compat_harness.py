@@ -289,3 +289,29 @@ def test_loader_side_inputs_are_those_of_the_coordinates():
     assert v.coords_bzyx.tolist() == [[0, 3, 2, 1], [0, 1, 0, 4], [2, 6, 5, 20]]
     assert v.torchsparse_range == (3, 32, 16, 16)
     assert v.offsets is v.offsets  # computed once
+
+
+@pytest.mark.cuda
+def test_maps_on_a_grid_convs_sites_skip_the_coordinate_check(monkeypatch):
+    """GridConv's output sites come from relconv's grid map: a submanifold conv on them does not check
+    them again (no wait for a check's error word)."""
+    from relconv.ops import coord_ops
+    from relconv.voxel import Conv3d
+
+    g = torch.Generator().manual_seed(3)
+    coords = torch.unique(
+        torch.cat(
+            [torch.randint(0, 2, (200, 1), generator=g), torch.randint(0, 12, (200, 3), generator=g)], 1
+        ),
+        dim=0,
+    )
+    x = VoxelTensor(torch.randn(coords.shape[0], 3, generator=g).cuda(), coords.int().cuda())
+    down, sub = GridBlock(3, 4, 3, 2, 1).cuda(), Conv3d(4, 4, 3).cuda()
+    down[0].grid = (2, 12, 12, 12)
+
+    def fail(*_):
+        raise AssertionError("a map built on a grid conv's output sites checked them")
+
+    monkeypatch.setattr(coord_ops, "check_coords", fail)
+    out = sub(down(x))
+    assert out.feats.shape == (down(x).feats.shape[0], 4)

@@ -277,3 +277,28 @@ def test_cuda_forward_over_built_maps_does_not_sync(device):
         with no_host_sync():
             out = net(x)
     assert out.features.shape == (x.indices.shape[0], 16)
+
+
+@pytest.mark.cuda
+def test_maps_on_a_regular_convs_sites_skip_the_coordinate_check(monkeypatch):
+    """A regular conv's output sites come from relconv's grid map, unique and checked by it: the
+    submanifold maps built on them do not check them again (no wait for a check's error word)."""
+    from relconv.ops import coord_ops
+
+    x = random_tensor([12, 12, 12], 2, 300, 3, seed=5, device="cuda")
+    net = spconv.SparseSequential(
+        spconv.SubMConv3d(3, 4, 3, indice_key="a"),  # checks the input's sites
+        spconv.SparseConv3d(4, 5, 3, stride=2, padding=1),
+        spconv.SubMConv3d(5, 5, 3, indice_key="b"),
+    ).cuda()
+    want = net(x)
+    fresh = spconv.SparseConvTensor(x.features, x.indices, x.spatial_shape, 2)
+    first = net[0](fresh)
+
+    def fail(*_):
+        raise AssertionError("a map built on a regular conv's output sites checked them")
+
+    monkeypatch.setattr(coord_ops, "check_coords", fail)
+    got = net[2](net[1](first))
+    assert torch.equal(got.indices, want.indices)
+    torch.testing.assert_close(got.features, want.features)

@@ -359,3 +359,22 @@ def test_copies_of_a_module_get_their_own_relconv_layers():
     assert twin._runs is not layer._runs
     loaded = pickle.loads(pickle.dumps(twin))
     torch.testing.assert_close(loaded(x).feats, 3 * want)
+
+
+@pytest.mark.cuda
+def test_maps_on_a_strided_convs_sites_skip_the_coordinate_check(monkeypatch):
+    """A strided conv's output sites come from relconv's grid map, unique and checked by it: the
+    submanifold maps built on them do not check them again (no wait for a check's error word)."""
+    from relconv.ops import coord_ops
+
+    sub, down, coarse = _layer(3, 3, 3).cuda(), _layer(3, 4, 3, stride=2).cuda(), _layer(4, 4, 3).cuda()
+    want = coarse(down(sub(scene(device="cuda"))))
+    first = sub(scene(device="cuda"))  # checks the input's sites
+
+    def fail(*_):
+        raise AssertionError("a map built on a strided conv's output sites checked them")
+
+    monkeypatch.setattr(coord_ops, "check_coords", fail)
+    got = coarse(down(first))
+    assert torch.equal(got.coords, want.coords)
+    torch.testing.assert_close(got.feats, want.feats)

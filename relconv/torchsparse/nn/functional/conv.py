@@ -384,16 +384,18 @@ def _downsample(
     if known is not None and known[0].shape == coords.shape and bool(torch.equal(known[0], coords)):
         coords, fine = known
     else:
+        # The sites are unique by construction (the grid map's, or torch.unique's), so the
+        # submanifold maps built on them skip the coordinate check and its host wait.
         fine = coords * small_constant((1, *out_ts), coords.device, torch.int32)
         if known is None:
             caches.pairs[out_ts] = (coords, fine)
-            vt.cache.coords[out_ts] = fine
+            vt.cache.add_built(fine, out_ts)
         else:
             # Another geometry reached this stride with other sites: relconv keeps one coordinate
             # set per stride in a cache, so this geometry's maps live in a cache of their own.
             own = MapCache()
             own.coords[x.stride] = vt.coords
-            own.coords[out_ts] = fine
+            own.add_built(fine, out_ts)
     source = None if rmap is None else GridSource(x.coords, vt.coords, vt.cache)
     record = caches.kmaps[key] = DownsampleRecord(coords, out_range, lows, own, fine, rmap, source)
     return record
