@@ -5,8 +5,8 @@ Weights keep spconv's layout `[C_out, k0, .., k{ndim-1}, C_in]` (a spconv `state
 each forward views them as relconv's `[K, C_in, C_out]` with one permute (inside the autograd graph;
 cached between calls that need no gradient). Kernel index `r` per axis reads the input at
 `o*s - p + r*d`; flattened with the first axis slowest, it is both spconv's weight order and, for odd
-sizes, relconv's offset order (offset = r - (k-1)/2), so submanifold layers run relconv's native
-`conv3d` (cached maps). Regular, inverse and transposed layers run `relational_conv` over the maps of
+sizes, relconv's offset order (offset = r - (k-1)/2), so submanifold layers run relconv.voxel's
+conv (cached maps). Regular, inverse and transposed layers run `relational_conv` over the maps of
 `relconv.voxel.grid_map`, through a per-layer `relconv.ops.MapCalls` (prepared calls by map).
 2-D layers run as 3-D with a third axis of size 1.
 """
@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from relconv.ops import MapCalls
 from relconv.spconv._missing import missing
 from relconv.spconv.core import IndiceData, SiteSet, SparseConvTensor, SparseModule, check_geometry, expand_nd
-from relconv.voxel import PreparedCalls, conv3d
+from relconv.voxel import PreparedCalls
+from relconv.voxel.conv import run_checked
 from relconv.voxel.fold import FoldCache
 from relconv.voxel.grid_map import build_map, conv_output_size, deconv_output_size
 
@@ -257,7 +258,7 @@ class SparseConvolution(SparseModule):
         # A folded call (act set) is prepared afresh: the stored calls run without an activation.
         calls = self._calls if act is None else None
         d = self._dilation_3d
-        out = conv3d(voxel, kernel, self._kernel_3d, 1, d, bias=bias, activation=act, prepared=calls).feats
+        out = run_checked(voxel, kernel, self._kernel_3d, (1, 1, 1), d, bias, act, calls).feats
         indice_dict = x.indice_dict
         if key is not None and datas is None:
             indice_dict = dict(indice_dict)

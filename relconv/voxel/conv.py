@@ -164,6 +164,28 @@ def run_layer(
     return VoxelTensor._trusted(out, lm.out_coords, lm.out_stride, lm.out_cache)
 
 
+def run_checked(
+    x: VoxelTensor,
+    weight: Tensor,
+    k: Triple,
+    s: Triple,
+    d: Triple,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    prepared: PreparedCalls | None = None,
+    transposed: bool = False,
+    offset_order: tuple[int, ...] | None = None,
+) -> VoxelTensor:
+    """conv3d for a layer that normalised and checked its geometry when it was built (the
+    compatibility layers): its prepared call where there is one, else `run_layer`, without
+    conv3d's per-call argument checks (the op still checks what reaches it)."""
+    if prepared is not None:
+        out = prepared.run(x, weight, bias)
+        if out is not None:
+            return out
+    return run_layer(x, weight, k, s, d, 1, bias, transposed, False, None, activation, prepared, offset_order)
+
+
 class LayerPlan(NamedTuple):
     """A layer's prepared call over one coordinate set, kept in its `PreparedCalls` (keyed by the
     set's `MapCache`).

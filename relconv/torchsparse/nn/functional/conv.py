@@ -42,7 +42,7 @@ from relconv.torchsparse.nn.functional.conv_config import map_modes
 from relconv.torchsparse.nn.functional.pending import PendingConv
 from relconv.torchsparse.tensor import SparseTensor, TensorCache, get_allow_negative_coordinates, make_ntuple
 from relconv.voxel import MapCache, PreparedCalls, VoxelTensor
-from relconv.voxel import conv3d as voxel_conv3d
+from relconv.voxel.conv import run_checked
 from relconv.voxel.grid_map import build_map
 from relconv.voxel.kernel_map import bounds
 from relconv.voxel.nn import inference_folding_enabled
@@ -225,17 +225,8 @@ def run_conv(
     geometry = relconv_geometry(k, lows)
     order = offset_order(geometry) if relabels(weight) else None
     calls = None if runs is None else runs.calls(lows, order is not None)
-    out = voxel_conv3d(
-        vt,
-        weight if order is not None else _converted(weight, lows, geometry, runs),
-        geometry.size,
-        stride=s,
-        bias=bias,
-        transposed=transposed,
-        activation=activation,
-        prepared=calls,
-        offset_order=order,
-    )
+    weight = weight if order is not None else _converted(weight, lows, geometry, runs)
+    out = run_checked(vt, weight, geometry.size, s, (1, 1, 1), bias, activation, calls, transposed, order)
     return _wrap(out, out_ts, out_range, caches, hint)
 
 
