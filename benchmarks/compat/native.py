@@ -140,7 +140,12 @@ TWINS = {
     "SparseResNet21D": ResNet21D,
     **native_spconv.TWINS,
 }
-INPUTS = {"SparseResUNet42": make_input, "SparseResNet21D": _grid_input, **native_spconv.INPUTS}
+INPUTS = {
+    "SparseResUNet42": make_input,
+    "SparseResNet21D": _grid_input,
+    "SpUNet-v1m1": make_input,
+    **native_spconv.INPUTS,
+}
 LAYOUTS = {"SparseResUNet42": "torchsparse", "SparseResNet21D": "torchsparse"} | dict.fromkeys(
     native_spconv.TWINS, "spconv"
 )

@@ -37,19 +37,22 @@ def _down_block(cin: int, cout: int, kernel_size, stride, padding) -> GridBlock:
     return GridBlock(cin, cout, kernel_size, stride, padding, **NORM)
 
 
-class _SparseBasicBlock(nn.Module):
-    """OpenPCDet's SparseBasicBlock: two biased submanifold 3^3 convs, BatchNorm, residual."""
+class _BasicBlock(nn.Module):
+    """OpenPCDet's SparseBasicBlock (biased convs, equal widths) and Pointcept's BasicBlock (a 1x1
+    projection where the widths differ): two submanifold 3^3 convs, BatchNorm, residual."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, cin: int, cout: int, bias: bool = False) -> None:
         super().__init__()
-        self.conv1, self.bn1 = Conv3d(channels, channels, 3, bias=True), _norm(channels)
-        self.conv2, self.bn2 = Conv3d(channels, channels, 3, bias=True), _norm(channels)
+        self.proj = None if cin == cout else Sequential(Conv3d(cin, cout, 1), _norm(cout))
+        self.conv1, self.bn1 = Conv3d(cin, cout, 3, bias=bias), _norm(cout)
+        self.conv2, self.bn2 = Conv3d(cout, cout, 3, bias=bias), _norm(cout)
 
     def forward(self, x: VoxelTensor) -> VoxelTensor:
         out = self.conv1(x)
         out = out.replace_feature(self.bn1.normalise(out.feats, relu=True))
         out = self.conv2(out)
-        return out.replace_feature((self.bn2.normalise(out.feats, relu=False) + x.feats).relu_())
+        skip = x.feats if self.proj is None else self.proj(x).feats
+        return out.replace_feature((self.bn2.normalise(out.feats, relu=False) + skip).relu_())
 
 
 class VoxelBackBone8x(nn.Module):
@@ -62,7 +65,7 @@ class VoxelBackBone8x(nn.Module):
 
         def blocks(channels: int, plain: int) -> list[nn.Module]:
             if residual:
-                return [_SparseBasicBlock(channels), _SparseBasicBlock(channels)]
+                return [_BasicBlock(channels, channels, bias=True) for _ in range(2)]
             return [_subm_block(channels, channels) for _ in range(plain)]
 
         self.conv_input = _subm_block(in_channels, 16)
@@ -88,23 +91,6 @@ class VoxelBackBone8x(nn.Module):
         }
 
 
-class _PointceptBlock(nn.Module):
-    """Pointcept's BasicBlock: two submanifold 3^3 convs, BatchNorm, a 1x1 projection where the
-    widths differ."""
-
-    def __init__(self, cin: int, cout: int) -> None:
-        super().__init__()
-        self.proj = Sequential() if cin == cout else Sequential(Conv3d(cin, cout, 1), _norm(cout))
-        self.conv1, self.bn1 = Conv3d(cin, cout, 3), _norm(cout)
-        self.conv2, self.bn2 = Conv3d(cout, cout, 3), _norm(cout)
-
-    def forward(self, x: VoxelTensor) -> VoxelTensor:
-        out = self.conv1(x)
-        out = out.replace_feature(self.bn1.normalise(out.feats, relu=True))
-        out = self.conv2(out)
-        return out.replace_feature((self.bn2.normalise(out.feats, relu=False) + self.proj(x).feats).relu_())
-
-
 class SpUNet(nn.Module):
     """Pointcept's SpUNet-v1m1 (SpUNetBase, 19 classes); input a tensor over (batch, x, y, z)."""
 
@@ -124,12 +110,12 @@ class SpUNet(nn.Module):
         enc_channels, dec_channels = base_channels, c[-1]
         for s in range(n // 2):
             self.down.append(Sequential(Conv3d(enc_channels, c[s], 2, stride=2), _norm(c[s]), ReLU(True)))
-            blocks = ((f"block{i}", _PointceptBlock(c[s], c[s])) for i in range(layers[s]))
+            blocks = ((f"block{i}", _BasicBlock(c[s], c[s])) for i in range(layers[s]))
             self.enc.append(Sequential(OrderedDict(blocks)))
             up = Conv3d(c[n - s - 2], dec_channels, 2, stride=2, transposed=True)
             self.up.append(Sequential(up, _norm(dec_channels), ReLU(True)))
             widths = [dec_channels + enc_channels] + [dec_channels] * (layers[n - s - 1] - 1)
-            blocks = ((f"block{i}", _PointceptBlock(w, dec_channels)) for i, w in enumerate(widths))
+            blocks = ((f"block{i}", _BasicBlock(w, dec_channels)) for i, w in enumerate(widths))
             self.dec.append(Sequential(OrderedDict(blocks)))
             enc_channels, dec_channels = c[s], c[n - s - 2]
         self.final = Conv3d(c[-1], num_classes, 1, bias=True)
@@ -154,13 +140,10 @@ def pcdet_input(v: Voxels, feats) -> tuple[VoxelTensor, tuple[int, ...]]:
     return VoxelTensor(feats, v.coords_bzyx.to(feats.device)), (v.batch_size, gz + 1, gy, gx)
 
 
-def pointcept_input(v: Voxels, feats) -> VoxelTensor:
-    return VoxelTensor(feats, v.coords.to(feats.device))
-
-
 TWINS = {
     "VoxelBackBone8x": VoxelBackBone8x,
     "VoxelResBackBone8x": lambda: VoxelBackBone8x(residual=True),
     "SpUNet-v1m1": SpUNet,
 }
-INPUTS = {"VoxelBackBone8x": pcdet_input, "VoxelResBackBone8x": pcdet_input, "SpUNet-v1m1": pointcept_input}
+# SpUNet-v1m1's input is the plain tensor over the loader's coordinates (native.make_input).
+INPUTS = {"VoxelBackBone8x": pcdet_input, "VoxelResBackBone8x": pcdet_input}
