@@ -225,7 +225,8 @@ def run_conv(
     geometry = relconv_geometry(k, lows)
     order = offset_order(geometry) if relabels(weight) else None
     calls = None if runs is None else runs.calls(lows, order is not None)
-    weight = weight if order is not None else _converted(weight, lows, geometry, runs)
+    if order is None:
+        weight = _converted(weight, lows, geometry, runs)
     out = run_checked(vt, weight, geometry.size, s, (1, 1, 1), bias, activation, calls, transposed, order)
     return _wrap(out, out_ts, out_range, caches, hint)
 
