@@ -16,6 +16,47 @@ from relconv.voxel.sync_batch_norm import sync_batch_norm, sync_group
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import registered
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def norm_act(bn: nn.BatchNorm1d, feats: torch.Tensor, relu: bool) -> torch.Tensor:
+    """`relu?(bn(feats))` for a torch BatchNorm1d `bn` on `[N, C]` features, its running statistics
+    updated as torch updates them: on CUDA one `batch_norm_act` op (BatchNorm and ReLU in two
+    kernels a training pass), elsewhere torch's own forward. torch's forward also serves
+    momentum=None (a cumulative average divides by num_batches_tracked on the host) and parameters
+    in a dtype the op does not take (they must be the features' dtype, or float32 for half ones)."""
+    weight, mean = registered(bn, "weight"), registered(bn, "running_mean")
+    training = bn.training
+    if (
+        not feats.is_cuda
+        or bn.momentum is None
+        or not _op_dtypes(feats.dtype, weight, mean)
+        or (training and feats.shape[0] < 2)  # torch's error: one value per channel has no variance
+    ):
+        out = nn.BatchNorm1d.forward(bn, feats)
+        return torch.relu(out) if relu else out
+    # torch's rule: the running statistics are read in eval mode and updated in training when tracked.
+    use_running = not training or bn.track_running_stats
+    return batch_norm_act(
+        feats,
+        weight,
+        registered(bn, "bias"),
+        mean if use_running else None,
+        registered(bn, "running_var") if use_running else None,
+        training or mean is None,
+        bn.momentum,
+        bn.eps,
+        relu,
+        # torch counts batches in training when tracking; the op increments it in its kernel.
+        registered(bn, "num_batches_tracked") if training and bn.track_running_stats else None,
+    )
+
+
+def _op_dtypes(dtype: torch.dtype, *tensors: torch.Tensor | None) -> bool:
+    allowed = (dtype, torch.float32) if dtype in _HALF else (dtype,)
+    present = [t.dtype for t in tensors if t is not None]
+    return all(d == present[0] and d in allowed for d in present)
+
 
 class _FeatureWise(nn.Module):
     """Applies a torch module to `x.feats` and keeps coordinates, stride and map cache."""
@@ -63,27 +104,7 @@ class BatchNorm(_FeatureWise):
             if not feats.is_cuda or sync_group(bn.process_group)[1] > 1:
                 out = sync_batch_norm(feats, bn)
                 return torch.relu(out) if relu else out
-        # momentum=None (a cumulative average) divides by num_batches_tracked on the host: torch's way.
-        if not feats.is_cuda or bn.momentum is None:
-            out = bn(feats)
-            return torch.relu(out) if relu else out
-        # torch's rule: the running statistics are read in eval mode and updated in training when tracked.
-        training = bn.training
-        mean, var = registered(bn, "running_mean"), registered(bn, "running_var")
-        use_running = not training or bn.track_running_stats
-        return batch_norm_act(
-            feats,
-            registered(bn, "weight"),
-            registered(bn, "bias"),
-            mean if use_running else None,
-            var if use_running else None,
-            training or mean is None,
-            bn.momentum,
-            bn.eps,
-            relu,
-            # torch counts batches in training when tracking; the op increments it in its kernel.
-            registered(bn, "num_batches_tracked") if training and bn.track_running_stats else None,
-        )
+        return norm_act(bn, feats, relu)
 
 
 class ReLU(_FeatureWise):

@@ -4,6 +4,7 @@ one, the BatchNorm module not called, and every other mode unfolded."""
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 
 import pytest
@@ -13,6 +14,7 @@ from torch import nn
 import relconv.spconv as spconv
 from relconv.voxel import inference_folding
 from tests.compat.spconv_refs import random_tensor
+from tests.conftest import DEVICES
 
 NORM = partial(nn.BatchNorm1d, eps=1e-3, momentum=0.01)  # OpenPCDet's norm_fn
 
@@ -103,3 +105,64 @@ def test_empty_tensor_and_unfoldable_neighbours_pass_through():
         with inference_folding(False):
             want = odd(x)
         torch.testing.assert_close(odd(x).features, want.features, rtol=0, atol=0)
+
+
+def _train_block(device: str, dtype: torch.dtype) -> tuple[spconv.SparseSequential, spconv.SparseConvTensor]:
+    x = random_tensor([9, 8, 7], 2, 150, 4, seed=5, device=device, dtype=dtype)
+    torch.manual_seed(0)
+    block = spconv.SparseSequential(spconv.SubMConv3d(4, 6, 3, bias=False), NORM(6), nn.ReLU(), NORM(6))
+    return block.to(device), x
+
+
+def _one_by_one(block: spconv.SparseSequential, x: spconv.SparseConvTensor) -> spconv.SparseConvTensor:
+    y = block[0](x)
+    for module in list(block)[1:]:
+        y = y.replace_feature(module(y.features))
+    return y
+
+
+@pytest.mark.parametrize(
+    ("device", "mixed"),
+    [
+        pytest.param("cpu", False, id="cpu-fp32"),
+        pytest.param("cuda", False, id="cuda-fp32", marks=pytest.mark.cuda),
+        pytest.param("cuda", True, id="cuda-autocast-fp16", marks=pytest.mark.cuda),
+    ],
+)
+def test_training_batchnorm_relu_runs_match_torch_modules(device, mixed):
+    """BatchNorm1d -> ReLU and a lone BatchNorm1d in training: the same features, gradients, running
+    statistics and batch counts as torch's modules called one by one."""
+    block, x = _train_block(device, torch.float32)
+    twin = copy.deepcopy(block)
+    feats = x.features.clone().requires_grad_(True)
+    twin_feats = x.features.clone().requires_grad_(True)
+    with torch.autocast(device, dtype=torch.float16, enabled=mixed):
+        got = block(x.replace_feature(feats))
+        want = _one_by_one(twin, x.replace_feature(twin_feats))
+    tol = {"rtol": 2e-2, "atol": 2e-2} if mixed else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(got.features.float(), want.features.float(), **tol)
+    weights = torch.randn_like(want.features.float())
+    (got.features.float() * weights).sum().backward()
+    (want.features.float() * weights).sum().backward()
+    torch.testing.assert_close(feats.grad, twin_feats.grad, **tol)
+    for (name, a), b in zip(block.named_parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, **tol, msg=name)
+    for (name, a), b in zip(block.named_buffers(), twin.buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5, msg=name)
+    assert int(block[1].num_batches_tracked) == 1 and int(block[3].num_batches_tracked) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_batchnorm_of_one_row_raises_as_torch_does(device):
+    block, x = _train_block(device, torch.float32)
+    one = spconv.SparseConvTensor(x.features[:1], x.indices[:1], x.spatial_shape, x.batch_size)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        block(one)
+
+
+def test_hooked_batchnorm_is_called_as_a_module_in_training():
+    block, x = _train_block("cpu", torch.float32)
+    calls: list = []
+    block[1].register_forward_hook(lambda *_: calls.append(1))
+    block(x)
+    assert len(calls) == 1

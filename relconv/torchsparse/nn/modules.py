@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from relconv.ops import batch_norm_act
 from relconv.torchsparse.nn.functional import global_avg_pool, global_max_pool, spcrop
 from relconv.torchsparse.nn.functional.pending import PendingConv
 from relconv.torchsparse.tensor import SparseTensor
+from relconv.voxel.nn import norm_act
 
 __all__ = [
     "BatchNorm",
@@ -78,26 +78,7 @@ class BatchNorm(nn.BatchNorm1d):
             if folded is not None:
                 return folded
         x = _sparse(input)
-        feats = x.feats
-        if not feats.is_cuda or self.momentum is None:
-            return x._like(super().forward(feats))
-        training = self.training
-        buffers, params = self._buffers, self._parameters
-        mean, var = buffers["running_mean"], buffers["running_var"]
-        use_running = not training or self.track_running_stats
-        out = batch_norm_act(
-            feats,
-            params["weight"],
-            params["bias"],
-            mean if use_running else None,
-            var if use_running else None,
-            training or mean is None,
-            self.momentum,
-            self.eps,
-            False,
-            buffers["num_batches_tracked"] if training and self.track_running_stats else None,
-        )
-        return x._like(out)
+        return x._like(norm_act(self, x.feats, False))
 
 
 class GroupNorm(nn.GroupNorm):
