@@ -372,10 +372,7 @@ def _forward_entry(
         index = x.cache.coord_index(x.coords, ts)
         rmap, out = strided_map(x.coords, k, s, d, ts, out_coords=known, index=index)
         if known is None:
-            x.cache.coords[out_ts] = out
-            if out.is_cuda:
-                # Made by relconv's strided builder: unique by construction, never read back.
-                x.cache.indexes[out_ts] = CoordIndex(out, trusted=True)
+            x.cache.add_built(out, out_ts)  # relconv's strided builder's sites: never read back
         entry = MapEntry(rmap, x.coords, ts, out, out_ts)
     x.cache.maps[key] = entry
     return entry
