@@ -4,8 +4,9 @@
 
 A later directory's rows for a case replace all earlier rows of that case (a re-run may have
 fewer implementations, e.g. where a crash row stood before). The environment
-is the first run's, with every run's peers and ceilings kept under "runs". Plots and the table are
-redrawn from the merged rows.
+is the first run's, with every run's peers and ceilings kept under "runs"; a directory that is
+itself a merge (benchmarks/results) contributes its own runs, so new runs extend the list. Plots
+and the table are redrawn from the merged rows.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     for run_dir in args.runs:
         data = json.loads((run_dir / "results.json").read_text())
         env = env or data["environment"]
-        runs.append({"dir": str(run_dir), "args": data["args"], "environment": data["environment"]})
+        runs.extend(
+            data["environment"].get("runs")
+            or [{"dir": str(run_dir), "args": data["args"], "environment": data["environment"]}]
+        )
         fresh: dict[str, list[dict]] = {}
         for row in data["rows"]:
             fresh.setdefault(row["case"], []).append(row)
@@ -36,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     merged = dict(env, runs=runs)
     args.out.mkdir(parents=True, exist_ok=True)
     all_rows = [row for case_rows in rows.values() for row in case_rows]
-    report.write_json(
-        args.out / "results.json", merged, all_rows, {"merged_from": [str(r) for r in args.runs]}
-    )
+    report.write_json(args.out / "results.json", merged, all_rows, {"merged_from": [r["dir"] for r in runs]})
     plots = report.plot(all_rows, args.out)
     print(
         f"merged {len(all_rows)} rows into {args.out / 'results.json'}; plots: "

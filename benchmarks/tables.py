@@ -28,6 +28,8 @@ from benchmarks.harness.schema import time_ms
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "results.json"
+# The scene-family run (`--families`), kept apart: it ran on another card than RESULTS.
+FAMILY_RESULTS = REPO / "benchmarks" / "results" / "families" / "results.json"
 DOCS = (REPO / "README.md", REPO / "docs" / "performance.md")
 
 WORKLOADS = {
@@ -60,7 +62,12 @@ HEADLINE = (
     "graph/cuda/AIFB/layer/C64/mean/fp32/cached/fwd+bwd",
     "graph/cuda/AIFB/rgcn2/fp32/cached/fwd+bwd",
 )
-PEER_NAMES = {"pyg": "PyG RGCNConv", "pyg-fast": "PyG FastRGCNConv", "torchsparse": "TorchSparse++"}
+PEER_NAMES = {
+    "pyg": "PyG RGCNConv",
+    "pyg-fast": "PyG FastRGCNConv",
+    "torchsparse": "TorchSparse++",
+    "warpconvnet": "WarpConvNet",
+}
 
 
 @dataclass
@@ -103,12 +110,20 @@ def label(row: dict) -> str:
     if row["suite"] == "graph":
         what = "2-layer R-GCN" if row["kind"] == "rgcn2" else f"R-GCN layer C{row['C']} {row['aggr']}"
         return f"{what} {row['dtype']}, {row['map']} graph, {row['pass']} ({row['graph']})"
-    where = WORKLOADS.get(row["workload"], row["workload"])
+    where = WORKLOADS.get(row["workload"]) or _scene(row["workload"])
     if row["kind"] == "e2e":
         mode = "inference" if row["mode"] == "infer" else "training step"
         return f"MinkUNet {row['width']} {mode} {row['dtype']} ({where})"
     op = OPS.get(row["op"], row["op"])
     return f"{op} C{row['C']} {row['dtype']}, {row['map']} map, {row['pass']} ({where})"
+
+
+def _scene(name: str) -> str:
+    """A family scene with its voxel count, e.g. `aggregate-1m, 936,587 voxels`."""
+    from benchmarks.workloads.families import _load_stats
+
+    voxels = _load_stats().get(name, {}).get("voxels")
+    return f"{name}, {voxels:,} voxels" if voxels else name
 
 
 def _ms(row: dict) -> str:
@@ -181,8 +196,59 @@ def environment(path: Path = RESULTS) -> str:
     return f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}; peers: {versions}."
 
 
+def family_cases(path: Path = FAMILY_RESULTS) -> str:
+    """Every case of the scene-family run against its best peer in wall time, then against the
+    peer with the least GPU time, and peak extra memory beside that peer's."""
+    env = json.loads(path.read_text())["environment"]
+    rows = load(path)
+    impls: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r["status"] == "ok":
+            impls[r["case"]][r["impl"]] = r
+    lines = [
+        f"{env['device']}, relconv {env['relconv_commit'][:7]}; GPU time: the peer with the least.",
+        "",
+        "| case | relconv ms | best peer | peer ms | speedup | GPU time | peak MiB, relconv / peer |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for case, c in comparisons(rows).items():
+        peers = [r for impl, r in impls[case].items() if not report.is_relconv(impl)]
+        gpu = [(g, r) for r in peers if (g := report.gpu_speedup(r, c.relconv)) is not None]
+        g_txt = "–"
+        if gpu:
+            g, r = min(gpu, key=lambda t: t[0])
+            g_txt = f"{g:.2f}× {PEER_NAMES.get(r['impl'], r['impl'])}"
+        mem = min((r["peak_mem_mib"] for r in peers if r.get("peak_mem_mib")), default=None)
+        own = c.relconv.get("peak_mem_mib")
+        mem_txt = f"{own:,.0f} / {mem:,.0f}" if mem and own else "–"
+        peer = PEER_NAMES.get(c.peer["impl"], c.peer["impl"])
+        lines.append(
+            f"| {label(c.relconv)} | {_ms(c.relconv)} | {peer} | {_ms(c.peer)} | {c.speedup:.2f}× "
+            f"| {g_txt} | {mem_txt} |"
+        )
+    return "\n".join(lines)
+
+
+def family_summary(path: Path = FAMILY_RESULTS) -> str:
+    """`report.family_summary` of the scene-family run as a table."""
+    lines = [
+        "| family | cases | median | min | < 1.5× | < 1.2× | GPU median | GPU min | GPU < 1.3× "
+        "| GPU < 1.0× | GPU time over floor, median / max |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for e in report.family_summary(load(path)):
+        lines.append(
+            f"| {e['family']} | {e['rows']} | {e['median']:.2f}× | {e['min']:.2f}× | {e['below_1.5']} "
+            f"| {e['below_1.2']} | {e['gpu_median']:.2f}× | {e['gpu_min']:.2f}× | {e['gpu_below_1.3']} "
+            f"| {e['gpu_below_1.0']} | {e['floor_median']:.1f} / {e['floor_max']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "environment": lambda comps: environment(),
+    "families": lambda comps: family_cases(),
+    "family_summary": lambda comps: family_summary(),
     "headline": headline,
     "summary": summary,
     "losses": losses,
