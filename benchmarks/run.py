@@ -53,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run the voxel cases of the scene families (benchmarks/workloads/families.py) whose "
         "scene names match these comma-separated fnmatch patterns, e.g. '*' or 'aggregate-*,room-2cm'",
     )
+    p.add_argument(
+        "--family-set",
+        choices=sorted(voxel_suite.FAMILY_SETS),
+        help="a named selection of family scenes and cases (voxel_suite.FAMILY_SETS) in place of "
+        "--families and --cases",
+    )
     p.add_argument("--list", action="store_true", help="print the selected case names and exit")
     p.add_argument(
         "--phase",
@@ -68,7 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="keep DIR/results.json's rows and run only the missing cases; a case during which an "
         "earlier process died (a native crash in a peer) is recorded as such and skipped",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.family_set:
+        if args.families or args.cases != "*":
+            p.error("--family-set replaces --families and --cases; give one or the other")
+        scenes, cases = voxel_suite.FAMILY_SETS[args.family_set]()
+        args.families, args.cases = ",".join(scenes), ",".join(cases)
+    return args
 
 
 def _peers(suite, wanted: str) -> dict[str, tuple[bool, str]]:

@@ -125,6 +125,28 @@ def case_specs(devices: list[str], tiny: bool) -> list[dict]:
 FAMILY_DTYPES = ("fp16", "bf16", "tf32")
 
 
+def _core_family_set() -> tuple[list[str], list[str]]:
+    """(scenes, case patterns) of the "core" family set: one scene of each procedural family at a
+    mid size with subm 3^3 fp16 at C64 (each map and pass) and C128 / C256 cached forwards; the fresh
+    C64 layer alone on the 4M and 10M aggregates (time and memory of maps built in the call); and
+    MinkUNet 1.0 inference in fp16 on the room and the 1M aggregate."""
+    full = ("batch4-64beam", "room-3cm", "aggregate-1m", "airborne-100m-25cm", "object-256")
+    fresh_only = ("aggregate-4m", "aggregate-10m")
+    networks = ("room-3cm", "aggregate-1m")
+    cases = []
+    for w in full:
+        layer = f"voxel/*/layer/{w}/subm3"
+        cases += [f"{layer}/C64/fp16/*", f"{layer}/C128/fp16/cached/fwd", f"{layer}/C256/fp16/cached/fwd"]
+    cases += [f"voxel/*/layer/{w}/subm3/C64/fp16/fresh/fwd" for w in fresh_only]
+    cases += [f"voxel/*/e2e/minkunet1.0/{w}/infer/fp16" for w in networks]
+    return [*full, *fresh_only], cases
+
+
+# Named family sets for run.py --family-set: a selection of the family cases small enough for one
+# GPU session, so that a published family table has one exact command.
+FAMILY_SETS = {"core": _core_family_set}
+
+
 def family_case_specs(devices: list[str], patterns: list[str]) -> list[dict]:
     """Cases on the family scenes whose names match any of `patterns` (fnmatch)."""
     import fnmatch

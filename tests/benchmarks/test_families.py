@@ -238,3 +238,25 @@ def test_committed_stats_cover_every_scene_within_its_range(capsys):
     printed = capsys.readouterr().out
     assert all(name in printed for name in families.scene_names())
     assert "not measured" not in printed
+
+
+def test_core_family_set_selects_family_cases_only(capsys):
+    from benchmarks import run, voxel_suite
+
+    assert (
+        run.main(["--suite", "voxel", "--device", "cpu", "--family-set", "core", "--list", "--out", "x"]) == 0
+    )
+    cases = capsys.readouterr().out.split()
+    scenes, _ = voxel_suite.FAMILY_SETS["core"]()
+    assert len(cases) == 29 and len(set(cases)) == 29
+    # Only family scenes, each of them, and none of the default workloads' cases.
+    scene_of = {c: c.split("/")[4 if "/e2e/" in c else 3] for c in cases}
+    assert set(scene_of.values()) == set(scenes) <= set(families.scene_names())
+    assert sum("/e2e/" in c for c in cases) == 2
+
+
+def test_family_set_excludes_families_and_cases():
+    from benchmarks import run
+
+    with pytest.raises(SystemExit):
+        run.parse_args(["--out", "x", "--family-set", "core", "--cases", "voxel/*"])
