@@ -28,7 +28,7 @@ from benchmarks.harness.schema import time_ms
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "results.json"
-# The scene-family run (`--families`), kept apart: it ran on another card than RESULTS.
+# The scene-family run (`--family-set core`), kept apart: it ran on another card than RESULTS.
 FAMILY_RESULTS = REPO / "benchmarks" / "results" / "families" / "results.json"
 DOCS = (REPO / "README.md", REPO / "docs" / "performance.md")
 
@@ -120,9 +120,9 @@ def label(row: dict) -> str:
 
 def _scene(name: str) -> str:
     """A family scene with its voxel count, e.g. `aggregate-1m, 936,587 voxels`."""
-    from benchmarks.workloads.families import _load_stats
+    from benchmarks.workloads.families import load_stats
 
-    voxels = _load_stats().get(name, {}).get("voxels")
+    voxels = load_stats().get(name, {}).get("voxels")
     return f"{name}, {voxels:,} voxels" if voxels else name
 
 
@@ -236,11 +236,15 @@ def family_summary(path: Path = FAMILY_RESULTS) -> str:
         "| GPU < 1.0× | GPU time over floor, median / max |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
+    def x(v: float | None, unit: str = "×") -> str:
+        return "–" if v is None else f"{v:.2f}{unit}"
+
     for e in report.family_summary(load(path)):
         lines.append(
-            f"| {e['family']} | {e['rows']} | {e['median']:.2f}× | {e['min']:.2f}× | {e['below_1.5']} "
-            f"| {e['below_1.2']} | {e['gpu_median']:.2f}× | {e['gpu_min']:.2f}× | {e['gpu_below_1.3']} "
-            f"| {e['gpu_below_1.0']} | {e['floor_median']:.1f} / {e['floor_max']:.1f} |"
+            f"| {e['family']} | {e['rows']} | {x(e['median'])} | {x(e['min'])} | {e['below_1.5']} "
+            f"| {e['below_1.2']} | {x(e['gpu_median'])} | {x(e['gpu_min'])} | {e['gpu_below_1.3']} "
+            f"| {e['gpu_below_1.0']} | {x(e['floor_median'], '')} / {x(e['floor_max'], '')} |"
         )
     return "\n".join(lines)
 

@@ -669,7 +669,7 @@ def make_scene(name: str, seed: int = 0) -> FamilyScene:
 
 
 # ------------------------------------------------------------------------------------ CLI
-def _load_stats() -> dict:
+def load_stats() -> dict:
     return json.loads(STATS_PATH.read_text()) if STATS_PATH.exists() else {}
 
 
@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.list and args.update is None:
         p.error("nothing to do: pass --list and/or --update")
-    stats = _load_stats()
+    stats = load_stats()
     if args.update is not None:
         stats = remeasure(
             stats,

@@ -227,7 +227,7 @@ def test_family_summary_of_a_synthetic_result_list():
 
 
 def test_committed_stats_cover_every_scene_within_its_range(capsys):
-    stats = families._load_stats()
+    stats = families.load_stats()
     for family, sizes in FAMILIES.items():
         for name, spec in sizes.items():
             entry = stats[name]
