@@ -175,15 +175,33 @@ def run_checked(
     prepared: PreparedCalls | None = None,
     transposed: bool = False,
     offset_order: tuple[int, ...] | None = None,
+    *,
+    groups: int = 1,
+    generative: bool = False,
+    indice_key: str | None = None,
 ) -> VoxelTensor:
-    """conv3d for a layer that normalised and checked its geometry when it was built (the
-    compatibility layers): its prepared call where there is one, else `run_layer`, without
+    """conv3d for a layer that normalised and checked its geometry when it was built (`Conv3d`,
+    the compatibility layers): its prepared call where there is one, else `run_layer`, without
     conv3d's per-call argument checks (the op still checks what reaches it)."""
     if prepared is not None:
         out = prepared.run(x, weight, bias)
         if out is not None:
             return out
-    return run_layer(x, weight, k, s, d, 1, bias, transposed, False, None, activation, prepared, offset_order)
+    return run_layer(
+        x,
+        weight,
+        k,
+        s,
+        d,
+        groups,
+        bias,
+        transposed,
+        generative,
+        indice_key,
+        activation,
+        prepared,
+        offset_order,
+    )
 
 
 class LayerPlan(NamedTuple):
@@ -315,24 +333,20 @@ class Conv3d(nn.Module):
     def forward(self, x: VoxelTensor) -> VoxelTensor:
         if not isinstance(x, VoxelTensor):
             raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
-        weight, bias = registered(self, "weight"), registered(self, "bias")
-        out = self._prepared.run(x, weight, bias)
-        if out is not None:
-            return out
         # Arguments were validated and normalised in __init__: the per-call path does no re-checking.
-        return run_layer(
+        return run_checked(
             x,
-            weight,
+            registered(self, "weight"),
             self.kernel_size,
             self.stride,
             self.dilation,
-            self.groups,
-            bias,
-            self.transposed,
-            self.generative,
-            self.indice_key,
+            registered(self, "bias"),
             self.activation,
-            prepared=self._prepared,
+            self._prepared,
+            self.transposed,
+            groups=self.groups,
+            generative=self.generative,
+            indice_key=self.indice_key,
         )
 
     def execution_plan(
