@@ -158,11 +158,15 @@ class CoordIndex:
     each level's maps once and reuses them, so this costs about one rebuild per level, while
     keeping the table would hold 8 to 16 bytes per row (32 MiB at 3.5M rows) through the layer's
     peak memory. On an H100 at 3.5M voxels (C64 fp16, fresh maps): a subm 3^3 layer's peak extra
-    memory 837 -> 804 MiB (spconv: 818), a subm 3^3 + down 2^3 pair 4.83 -> 4.96 ms. Smaller sets keep it:
-    there the rebuild's launches would cost more than the memory.
+    memory 837 -> 804 MiB (spconv: 818), a subm 3^3 + down 2^3 pair 4.83 -> 4.96 ms. On an H200
+    (fp16, kept -> given back): the 937k-row aggregate's fresh subm 3^3 C64 layer 222.4 -> 214.4 MiB
+    (spconv 215-218) at the same time, its MinkUNet 1.0 inference 26.4 -> 27.0 ms; the 310k-row
+    room's layer 73.7 -> 69.7 MiB (spconv 72.5) but its MinkUNet inference about 6% slower (10.2
+    -> 10.8 ms, three alternating runs). Smaller sets keep it: there the rebuild's launches cost
+    more than the memory.
     """
 
-    RELEASE_ROWS = 1 << 20
+    RELEASE_ROWS = 1 << 19
 
     __slots__ = ("coords", "validated", "_slots", "_error", "_ticket")
 
