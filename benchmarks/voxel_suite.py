@@ -142,9 +142,29 @@ def _core_family_set() -> tuple[list[str], list[str]]:
     return [*full, *fresh_only], cases
 
 
-# Named family sets for run.py --family-set: a selection of the family cases small enough for one
-# GPU session, so that a published family table has one exact command.
-FAMILY_SETS = {"core": _core_family_set}
+def _breadth_family_set() -> tuple[list[str], list[str]]:
+    """(scenes, case patterns) of the "breadth" family set, what "core" leaves out: bf16 and TF32 at
+    C64, C16 and C32, strided (2^3, 3^3) and transposed (2^3) layers, all as cached forward+backward
+    steps; the real scans (small-gicp, carried or fetched) fresh and cached; MinkUNet 1.0 training
+    steps in fp16 on the five procedural scenes and inference on the three that "core" does not
+    time."""
+    scenes = ("batch4-64beam", "room-3cm", "aggregate-1m", "airborne-100m-25cm", "object-256")
+    three = scenes[:3]
+    cases = [f"voxel/*/layer/{w}/subm3/C64/{dt}/cached/fwd+bwd" for w in three for dt in ("bf16", "tf32")]
+    cases += [f"voxel/*/layer/{w}/subm3/C{c}/fp16/cached/fwd+bwd" for w in three[:2] for c in (16, 32)]
+    cases += ["voxel/*/layer/aggregate-1m/subm3/C32/fp16/fresh/fwd"]
+    cases += [f"voxel/*/layer/{w}/{op}/C64/fp16/cached/fwd+bwd" for w in three for op in ("down2", "up2")]
+    cases += ["voxel/*/layer/room-3cm/down3/C64/fp16/cached/fwd+bwd"]
+    cases += [f"voxel/*/layer/real-scan-b2/subm3/C64/fp16/{mp}" for mp in ("fresh/fwd", "cached/fwd+bwd")]
+    cases += [f"voxel/*/e2e/minkunet1.0/{w}/train/fp16" for w in scenes]
+    cases += [f"voxel/*/e2e/minkunet1.0/{w}/infer/fp16" for w in ("batch4-64beam", *scenes[3:])]
+    return [*scenes, "real-scan-b2"], cases
+
+
+# Named family sets for run.py --family-set: selections of the family cases, each small enough for
+# one GPU session (or two with run.py --resume), so that a published family table has one exact
+# command.
+FAMILY_SETS = {"core": _core_family_set, "breadth": _breadth_family_set}
 
 
 def family_case_specs(devices: list[str], patterns: list[str]) -> list[dict]:

@@ -3,6 +3,7 @@ sizes, and the benchmark report's per-family summary. CPU, small sizes only."""
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 
 import numpy as np
@@ -240,19 +241,30 @@ def test_committed_stats_cover_every_scene_within_its_range(capsys):
     assert "not measured" not in printed
 
 
-def test_core_family_set_selects_family_cases_only(capsys):
+@pytest.mark.parametrize(("name", "count", "networks"), [("core", 29, 2), ("breadth", 28, 8)])
+def test_family_set_selects_family_cases_only(capsys, name, count, networks):
     from benchmarks import run, voxel_suite
 
     assert (
-        run.main(["--suite", "voxel", "--device", "cpu", "--family-set", "core", "--list", "--out", "x"]) == 0
+        run.main(["--suite", "voxel", "--device", "cpu", "--family-set", name, "--list", "--out", "x"]) == 0
     )
     cases = capsys.readouterr().out.split()
-    scenes, _ = voxel_suite.FAMILY_SETS["core"]()
-    assert len(cases) == 29 and len(set(cases)) == 29
-    # Only family scenes, each of them, and none of the default workloads' cases.
+    scenes, patterns = voxel_suite.FAMILY_SETS[name]()
+    assert len(cases) == count and len(set(cases)) == count
+    # Only family scenes, each of them, and none of the default workloads' cases; every pattern
+    # selects a case (a misspelt op or width would select none).
     scene_of = {c: c.split("/")[4 if "/e2e/" in c else 3] for c in cases}
     assert set(scene_of.values()) == set(scenes) <= set(families.scene_names())
-    assert sum("/e2e/" in c for c in cases) == 2
+    assert sum("/e2e/" in c for c in cases) == networks
+    assert all(any(fnmatch.fnmatchcase(c, p) for c in cases) for p in patterns)
+
+
+def test_breadth_family_set_adds_to_core():
+    from benchmarks import voxel_suite
+
+    _, core = voxel_suite.FAMILY_SETS["core"]()
+    _, breadth = voxel_suite.FAMILY_SETS["breadth"]()
+    assert not set(core) & set(breadth)
 
 
 def test_family_set_excludes_families_and_cases():
