@@ -279,7 +279,10 @@ TableChoice wgmma_table(const TableProblem& p, const Device& dev, Sm90aBuilt&& s
   if (p.cout_g % 128 == 0) {
     // Persistent kernel at C_out_g multiples of 128 wherever the split kernel would not split, at
     // any table size (against single-role / mma.sync: C128 64-beam 105.8 -> 65.6 us, 171k 198.0 ->
-    // 152.4, 3.5M 4099 -> 3251; C256 64-beam 209.8 -> 151.8, 171k 658.4 -> 355.1).
+    // 152.4, 3.5M 4099 -> 3251; C256 64-beam 209.8 -> 151.8, 171k 658.4 -> 355.1). On the scene
+    // families (H200, C128 fp16, against the best mma.sync tiling, 128 x 128 with 64 x 64 warp
+    // tiles): 4-scan batch 216 / 259 us, room-3cm 439 / 571, aggregate-1m 1145 / 1437, object-256
+    // 616 / 797, airborne 464 / 597, 64-beam scan 89 / 90 (whole calls, timed by CUDA events).
     const int64_t bn = p.cout_g % 256 == 0 ? 256 : 128;
     if (relation_split(dev, (p.num_out + 127) / 128 * (p.cout_g / bn) * p.groups, p.num_relations) == 1) {
       c.config = bn == 256 ? Config::kWgmmaPersistent256 : Config::kWgmmaPersistent128;
