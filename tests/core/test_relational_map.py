@@ -148,6 +148,24 @@ def test_check_index_range_names_the_argument():
         check_index_range(("a", torch.tensor([0, 4]), 5), ("b", torch.tensor([2, -1]), 3))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_check_index_range_reads_every_integer_dtype_exactly(device):
+    from relconv.core import check_index_range
+
+    int32 = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=device)
+    int64 = torch.tensor([2**40, 3], device=device)
+    uint8 = torch.tensor([255, 7], dtype=torch.uint8, device=device)
+    check_index_range(("a", int32, 2**31), ("b", int64, 2**40 + 1), ("c", uint8, 256))
+    # Each bound reaches its own check, past the int32 range where an index is int64.
+    past = r"b values must lie in \[0, 1099511627776\), got \[3, 1099511627776\]"
+    with pytest.raises(ValueError, match=past):
+        check_index_range(("a", int32, 2**31), ("b", int64, 2**40), ("c", uint8, 256))
+    with pytest.raises(ValueError, match=r"c values must lie in \[0, 255\), got \[7, 255\]"):
+        check_index_range(("a", int32, 2**31), ("b", int64, 2**40 + 1), ("c", uint8, 255))
+    with pytest.raises(ValueError, match=r"a values must lie in \[0, 2147483647\), got \[0, 2147483647\]"):
+        check_index_range(("a", int32, 2**31 - 1))
+
+
 def _permutation(r: int, seed: int) -> tuple[int, ...]:
     return tuple(torch.randperm(r, generator=torch.Generator().manual_seed(seed)).tolist())
 
