@@ -161,9 +161,9 @@ class CoordIndex:
     memory 837 -> 804 MiB (spconv: 818), a subm 3^3 + down 2^3 pair 4.83 -> 4.96 ms. On an H200
     (fp16, kept -> given back): the 937k-row aggregate's fresh subm 3^3 C64 layer 222.4 -> 214.4 MiB
     (spconv 215-218) at the same time, its MinkUNet 1.0 inference 26.4 -> 27.0 ms; the 310k-row
-    room's layer 73.7 -> 69.7 MiB (spconv 72.5) but its MinkUNet inference about 6% slower (10.2
-    -> 10.8 ms, three alternating runs). Smaller sets keep it: there the rebuild's launches cost
-    more than the memory.
+    room's layer 73.7 -> 69.7 MiB (spconv 72.5) but its MinkUNet inference 6-8% slower (latency
+    10.2 -> 10.9 ms, queued 10.3 -> 10.9, medians of three alternating runs). Smaller sets keep it:
+    there the rebuild's launches cost more than the memory.
     """
 
     RELEASE_ROWS = 1 << 19
