@@ -2,7 +2,8 @@
 
 Building sorts the edges by (relation, target), computes the per-(target, relation) degree for mean
 aggregation and, for max aggregation, the (target, relation) slots. It synchronises with the device
-(range checks, slot count); a forward pass over a built map never does.
+(range checks, slot count); a forward pass over a built map does only the first time it sums slots
+before transforming them (`relconv.graph.slots`), when it counts them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 
 from relconv.core.relational_map import RelationalMap, check_index_range, index_dtype_for
+from relconv.graph.slots import SlotLayout, aggregates_first, worth_it
 
 # PyG's aggregation names -> the three the layer computes ("add" is PyG's alias of "sum").
 AGGRS = {"mean": "mean", "add": "sum", "sum": "sum", "max": "max"}
@@ -27,30 +29,18 @@ class RGCNMap:
         aggr: "mean", "sum" or "max".
         edge_perm: [E] int64, pair `p` of `rmap` is edge `edge_perm[p]` of the caller's edge order
             (reorders a per-edge `edge_weight`).
-        slot_index: [E] int64 (max only), the (target, relation) slot of each pair.
-        slot_map: RelationalMap (max only) with one pair per non-empty slot: in = slot id,
-            out = target node, relation = the slot's relation.
     """
 
-    __slots__ = ("rmap", "aggr", "edge_perm", "slot_index", "slot_map", "_mean_scales")
+    __slots__ = ("rmap", "aggr", "edge_perm", "_slots", "_mean_scales")
 
-    def __init__(
-        self,
-        rmap: RelationalMap,
-        aggr: str,
-        edge_perm: Tensor,
-        slot_index: Tensor | None = None,
-        slot_map: RelationalMap | None = None,
-    ) -> None:
+    def __init__(self, rmap: RelationalMap, aggr: str, edge_perm: Tensor) -> None:
         if aggr not in ("mean", "sum", "max"):
             raise ValueError(f"aggr must be 'mean', 'sum' or 'max', got {aggr!r}")
-        if aggr == "max" and (slot_index is None or slot_map is None):
-            raise ValueError("aggr='max' needs slot_index and slot_map")
         self.rmap = rmap
         self.aggr = aggr
         self.edge_perm = edge_perm
-        self.slot_index = slot_index
-        self.slot_map = slot_map
+        # Max aggregates every slot before transforming it, so its slots exist from the start.
+        self._slots = SlotLayout(rmap) if aggr == "max" else None
         # 1/deg in precisions other than the map's own float32, made on first use (fp64 layers only).
         self._mean_scales: dict[torch.dtype, Tensor] = {}
 
@@ -79,13 +69,30 @@ class RGCNMap:
         device = torch.device(device)
         if device == self.device:
             return self
-        return RGCNMap(
-            self.rmap.to(device, non_blocking),
-            self.aggr,
-            self.edge_perm.to(device, non_blocking=non_blocking),
-            None if self.slot_index is None else self.slot_index.to(device, non_blocking=non_blocking),
-            None if self.slot_map is None else self.slot_map.to(device, non_blocking),
-        )
+        perm = self.edge_perm.to(device, non_blocking=non_blocking)
+        return RGCNMap(self.rmap.to(device, non_blocking), self.aggr, perm)
+
+    @property
+    def slots(self) -> SlotLayout:
+        """The (target, relation) slots (`relconv.graph.slots.SlotLayout`); a mean or sum map counts
+        them on first use (one host synchronisation) and keeps them."""
+        if self._slots is None:
+            self._slots = SlotLayout(self.rmap)
+        return self._slots
+
+    def slots_summed_first(self, x: Tensor, c_in_g: int, c_out_g: int) -> SlotLayout | None:
+        """The slots when a mean or sum layer over features `x` sums each slot's inputs before the
+        per-relation transform (`relconv.graph.slots.aggregates_first`), else None."""
+        if self.aggr == "max" or not aggregates_first(self.num_edges, x, c_in_g, c_out_g):
+            return None
+        return self.slots if worth_it(self.slots, self.num_edges) else None
+
+    def edge_values(self, edge_weight: Tensor | None, dtype: torch.dtype) -> Tensor:
+        """[E] per-pair factors of a slot sum, in pair order: `edge_weight`, or ones."""
+        if edge_weight is None:
+            return torch.ones(self.num_edges, dtype=dtype, device=self.device)
+        _check_edge_weight(edge_weight, self.num_edges, self.device)
+        return edge_weight.index_select(0, self.edge_perm).to(dtype)
 
     def pair_scale(self, edge_weight: Tensor | None, dtype: torch.dtype = torch.float32) -> Tensor | None:
         """Per-pair factor: the aggregation's scale (1/deg_r for mean) times `edge_weight` [E].
@@ -212,7 +219,7 @@ def build_rgcn_map(
     # (target, relation) slot contiguous, so its degree and slot id come from one run-length pass.
     # Nothing below reads the device back: bincount and unique_consecutive would (their output
     # sizes depend on the data), so the relation offsets come from a search of the sorted keys and
-    # the slot sizes from run lengths.
+    # the slot sizes from run lengths. A max map counts its slots as it is made: one more read-back.
     stride = max(num_dst, 1)
     key, perm = torch.sort(torch.add(dst, rel, alpha=stride), stable=True)
     starts = torch.arange(0, (num_relations + 1) * stride, stride, dtype=torch.int64, device=rel.device)
@@ -224,24 +231,7 @@ def build_rgcn_map(
     rmap = RelationalMap(
         src.index_select(0, perm).to(idt), out_index, rel_ptr, num_src, num_dst, scale=scale, validate=False
     )
-    if aggr != "max":
-        return RGCNMap(rmap, aggr, perm)
-    # Max aggregates each slot's raw inputs first, then transforms the slot rows through the core:
-    # one pair (slot, target, relation) per non-empty slot.
-    slot_key, slot_index = torch.unique_consecutive(key, return_inverse=True)
-    num_slots = slot_key.numel()
-    slot_rel = torch.div(slot_key, stride, rounding_mode="floor")
-    slot_ptr = torch.zeros(num_relations + 1, dtype=torch.int64, device=rel.device)
-    torch.cumsum(torch.bincount(slot_rel, minlength=num_relations), 0, out=slot_ptr[1:])
-    slot_map = RelationalMap(
-        torch.arange(num_slots, dtype=idt, device=rel.device),
-        (slot_key - slot_rel * stride).to(idt),
-        slot_ptr,
-        num_slots,
-        num_dst,
-        validate=False,
-    )
-    return RGCNMap(rmap, aggr, perm, slot_index, slot_map)
+    return RGCNMap(rmap, aggr, perm)
 
 
 def _slot_degree(rmap: RelationalMap) -> Tensor:

@@ -9,6 +9,8 @@ state_dict loads unchanged.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 from torch.nn import Parameter
@@ -16,8 +18,10 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import SparseTensor
 
+from relconv.core.relational_map import RelationalMap
 from relconv.graph.graph_map import AGGRS, RGCNMap
 from relconv.graph.map_cache import cached_rgcn_map
+from relconv.graph.slots import slot_sum
 from relconv.ops import ConvPlan, acc_dtype, plan, relational_conv
 
 NodeInput = Tensor | None
@@ -136,13 +140,11 @@ class RGCNConv(MessagePassing):
         graph = self._graph(edge_index, edge_type, (num_src, num_dst))
         weight = self._relation_weight()
         x_src, weight = _autocast(x_src, weight)
-        # The scale's precision follows the rows it multiplies: features, or weight rows when featureless.
-        precision = x_src.dtype if x_src is not None and x_src.is_floating_point() else weight.dtype
-        scale = graph.pair_scale(edge_weight, precision)
         if x_src is None or not x_src.is_floating_point():
-            out = self._featureless(x_src, weight, graph, scale)
+            # The scale's precision follows the rows it multiplies: here weight rows.
+            out = self._featureless(x_src, weight, graph, graph.pair_scale(edge_weight, weight.dtype))
         else:
-            out = self._propagate_features(x_src, weight, graph, scale)
+            out = self._propagate_features(x_src, weight, graph, edge_weight)
         if self.root is not None:
             if x_dst is None:  # x=None: the targets are nodes 0..N-1, so root[x_dst] is root itself
                 out = out + self.root.to(out.dtype)
@@ -168,10 +170,12 @@ class RGCNConv(MessagePassing):
         num = self._num_nodes("x", x, self.in_channels_l)
         graph = self._graph(edge_index, edge_type, (num, num))
         weight = self._relation_weight()
-        precision = x.dtype if x.is_floating_point() else weight.dtype
-        rmap = graph.conv_map(graph.pair_scale(None, precision)) if graph.aggr != "max" else graph.slot_map
         groups = 1 if self.num_blocks is None else self.num_blocks
-        return plan(rmap, x, weight, groups, requires_grad=requires_grad, arch=arch)
+        rmap, first = self._transform_map(graph, x, groups)
+        conv_plan = plan(rmap, x, weight, groups, requires_grad=requires_grad, arch=arch)
+        if first is None:
+            return conv_plan
+        return replace(conv_plan, why=f"{conv_plan.why}; over the (target, relation) slots, {first} first")
 
     def __repr__(self) -> str:
         name = self.__class__.__name__
@@ -231,17 +235,34 @@ class RGCNConv(MessagePassing):
         basis = self.weight.reshape(self.num_bases, -1)
         return (self.comp @ basis).view(self.num_relations, self.in_channels_l, self.out_channels)
 
-    def _propagate_features(self, x: Tensor, weight: Tensor, graph: RGCNMap, scale: Tensor | None) -> Tensor:
+    def _transform_map(self, graph: RGCNMap, x: Tensor, groups: int) -> tuple[RelationalMap, str | None]:
+        """The map the per-relation transform runs over, and what aggregates before it: the edges
+        themselves (None), or the slots after a max or a sum of each slot's inputs."""
+        if graph.aggr == "max":
+            return graph.slots.slot_map, "max"
+        slots = graph.slots_summed_first(x, x.size(1) // groups, self.out_channels // groups)
+        if slots is None:
+            return graph.conv_map(graph.pair_scale(None, x.dtype)), None
+        return (slots.mean_map(x.dtype) if graph.aggr == "mean" else slots.slot_map), "sum"
+
+    def _propagate_features(
+        self, x: Tensor, weight: Tensor, graph: RGCNMap, edge_weight: Tensor | None
+    ) -> Tensor:
         groups = 1 if self.num_blocks is None else self.num_blocks
-        if graph.aggr != "max":
-            return relational_conv(x, weight, graph.conv_map(scale), groups)
+        rmap, first = self._transform_map(graph, x, groups)
+        if first is None:
+            return relational_conv(x, weight, graph.conv_map(graph.pair_scale(edge_weight, x.dtype)), groups)
+        if first == "sum":
+            # One GEMM row per slot instead of per edge; the mean's 1/deg rides on the slot map.
+            rows = slot_sum(x, graph.slots, graph.edge_values(edge_weight, x.dtype))
+            return relational_conv(rows, weight, rmap, groups)
         # Max over each (target, relation) slot of the raw inputs, then one core call transforms the
         # slot rows (PyG aggregates before the per-relation matmul too).
         rows = x.index_select(0, graph.rmap.in_index)
+        scale = graph.pair_scale(edge_weight, x.dtype)
         if scale is not None:
             rows = rows * scale.to(rows.dtype).unsqueeze(1)
-        slots = _slot_max(rows, graph)
-        return relational_conv(slots, weight, graph.slot_map, groups)
+        return relational_conv(_slot_max(rows, graph), weight, rmap, groups)
 
     def _featureless(
         self, ids: Tensor | None, weight: Tensor, graph: RGCNMap, scale: Tensor | None
@@ -264,7 +285,7 @@ class RGCNConv(MessagePassing):
         if scale is not None:
             rows = rows * scale.to(acc).unsqueeze(1)
         if graph.aggr == "max":
-            rows, target = _slot_max(rows, graph), graph.slot_map.out_index
+            rows, target = _slot_max(rows, graph), graph.slots.slot_map.out_index
         else:
             target = rmap.out_index
         out = rows.new_zeros(rmap.num_out, rows.size(1)).index_add(0, target.long(), rows)
@@ -273,8 +294,8 @@ class RGCNConv(MessagePassing):
 
 def _slot_max(rows: Tensor, graph: RGCNMap) -> Tensor:
     """[E, C] pair rows -> [num_slots, C] channel-wise max per (target, relation) slot."""
-    index = graph.slot_index.unsqueeze(1).expand_as(rows)
-    return rows.new_zeros(graph.slot_map.num_in, rows.size(1)).scatter_reduce(
+    index = graph.slots.slot_index.unsqueeze(1).expand_as(rows)
+    return rows.new_zeros(graph.slots.num_slots, rows.size(1)).scatter_reduce(
         0, index, rows, "amax", include_self=False
     )
 
