@@ -11,8 +11,11 @@ import argparse
 import faulthandler
 import fnmatch
 import json
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -72,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--resume",
         action="store_true",
         help="keep DIR/results.json's rows and run only the missing cases; a case during which an "
-        "earlier process died (a native crash in a peer) is recorded as such and skipped",
+        "earlier process died (a native crash) is recorded as such, then run again without the peer "
+        "that crashed, or skipped when relconv did",
     )
     args = p.parse_args(argv)
     if args.family_set:
@@ -133,19 +137,21 @@ def main(argv: list[str] | None = None) -> int:
     # The case in flight, so that a process killed by a segfault in a native extension can be
     # resumed (`--resume`) without running that case again.
     marker = args.out / "running.case"
-    rows = _resumed_rows(json_path, marker, plan) if args.resume else []
-    done = {r["case"] for r in rows}
+    rows, crashed_peer = _resumed_rows(json_path, marker, plan) if args.resume else ([], {})
+    done = {r["case"] for r in rows} - set(crashed_peer)
     plan = [(suite, spec) for suite, spec in plan if spec["case"] not in done]
     ctx: dict = {}
     # A segfault in a native extension prints the Python stack of every thread to stderr.
     faulthandler.enable()
-    for suite, spec in report.progress(plan, len(plan), "cases"):
-        suite_peers = {n: peers[n] for n in suite.PEERS if n in peers}
-        marker.write_text(spec["case"])
-        # Second line: the implementation in flight (relconv or a peer), for the crash row.
-        bench.ON_IMPL = partial(_mark_impl, marker, spec["case"])
-        rows.extend(suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]]))
-        report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
+    with _stops_cleanly(marker):
+        for suite, spec in report.progress(plan, len(plan), "cases"):
+            skip = crashed_peer.get(spec["case"])
+            suite_peers = {n: peers[n] for n in suite.PEERS if n in peers and n != skip}
+            marker.write_text(spec["case"])
+            # Second line: the implementation in flight (relconv or a peer), for the crash row.
+            bench.ON_IMPL = partial(_mark_impl, marker, spec["case"])
+            rows.extend(suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]]))
+            report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
     bench.ON_IMPL = None
     marker.unlink(missing_ok=True)
     ctx.clear()
@@ -194,27 +200,53 @@ def _instrument(args: argparse.Namespace, plan, timing: TimingConfig) -> int:
         for dev, c in env["ceilings"].items()
     }
     faulthandler.enable()
-    for suite, spec in report.progress([p for p in plan if p[1]["case"] in todo], len(todo), "profiles"):
-        marker.write_text(spec["case"])
-        suite_peers = {n: peers[n] for n in suite.PEERS if n in peers}
-        got = {r["impl"]: r for r in suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]])}
-        for r in rows:
-            if r["case"] == spec["case"] and r.get("latency_ms") is not None and r["impl"] in got:
-                r.update({k: got[r["impl"]].get(k) for k in counted})
-        report.write_json(json_path, env, rows, saved.get("args", {}))
+    with _stops_cleanly(marker):
+        for suite, spec in report.progress([p for p in plan if p[1]["case"] in todo], len(todo), "profiles"):
+            marker.write_text(spec["case"])
+            suite_peers = {n: peers[n] for n in suite.PEERS if n in peers}
+            got = {r["impl"]: r for r in suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]])}
+            for r in rows:
+                if r["case"] == spec["case"] and r.get("latency_ms") is not None and r["impl"] in got:
+                    r.update({k: got[r["impl"]].get(k) for k in counted})
+            report.write_json(json_path, env, rows, saved.get("args", {}))
     marker.unlink(missing_ok=True)
     ctx.clear()
     _report(rows, args.out)
     return 0
 
 
-def _resumed_rows(json_path: Path, marker: Path, plan) -> list[dict]:
-    """Rows of an earlier run in the same directory, plus one row for the case it died in."""
+@contextmanager
+def _stops_cleanly(marker: Path) -> Iterator[None]:
+    """Removes the case marker when the loop stops from Python: `timeout`'s SIGTERM, Ctrl-C or an
+    exception. Only a process that dies natively (a segfault) leaves it, so `--resume` records
+    crashes and nothing else, and runs an interrupted case again."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    except BaseException:
+        marker.unlink(missing_ok=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _resumed_rows(json_path: Path, marker: Path, plan) -> tuple[list[dict], dict[str, str]]:
+    """Rows of an earlier run in the same directory, plus one row for the case it died in; and
+    {that case: the peer that crashed} when a peer did, so that the case runs again without it."""
     rows = json.loads(json_path.read_text())["rows"] if json_path.exists() else []
+    crashed_peer = {}
     if marker.exists():
         lines = marker.read_text().strip().splitlines() or [""]
         crashed, impl = lines[0].strip(), (lines[1].strip() if len(lines) > 1 else "")
-        spec = next((s for _, s in plan if s["case"] == crashed), None)
+        found = next(((suite, s) for suite, s in plan if s["case"] == crashed), None)
+        spec = found[1] if found else None
+        peer = next((n for n in found[0].PEERS if impl.startswith(n)), None) if found else None
+        if peer is not None:
+            crashed_peer[crashed] = peer
         if spec is not None and all(r["case"] != crashed for r in rows):
             meta = {k: v for k, v in spec.items() if k != "pass_"}
             if "pass_" in spec:
@@ -228,7 +260,7 @@ def _resumed_rows(json_path: Path, marker: Path, plan) -> list[dict]:
                 )
             )
         marker.unlink()
-    return rows
+    return rows, crashed_peer
 
 
 def _mark_impl(marker: Path, case: str, impl: str) -> None:
