@@ -221,8 +221,11 @@ def build_rgcn_map(
     # sizes depend on the data), so the relation offsets come from a search of the sorted keys and
     # the slot sizes from run lengths. A max map counts its slots as it is made: one more read-back.
     stride = max(num_dst, 1)
-    key, perm = torch.sort(torch.add(dst, rel, alpha=stride), stable=True)
-    starts = torch.arange(0, (num_relations + 1) * stride, stride, dtype=torch.int64, device=rel.device)
+    # 32-bit keys where they fit: the GPU's radix sort then makes half the passes (the 64-bit sort
+    # took 70 of the 190 us of GPU time of an AIFB-sized graph's build and first forward).
+    kdt = torch.int32 if (num_relations + 1) * stride < 2**31 else torch.int64
+    key, perm = torch.sort(torch.add(dst, rel, alpha=stride).to(kdt), stable=True)
+    starts = torch.arange(0, (num_relations + 1) * stride, stride, dtype=kdt, device=rel.device)
     rel_ptr = torch.searchsorted(key, starts)
     idt = index_dtype_for(num_src, num_dst, rel.numel())
     out_index = dst.index_select(0, perm).to(idt)

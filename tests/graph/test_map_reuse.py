@@ -99,3 +99,16 @@ def test_compile_fullgraph_no_breaks(kwargs, featureless):
     torch.testing.assert_close(out, layer(x, graph, None, ew))
     out.sum().backward()
     assert layer.weight.grad is not None
+
+
+@pytest.mark.parametrize("num_nodes", [40, 2**28], ids=["32-bit keys", "64-bit keys"])
+def test_sort_keys_of_any_width_give_the_same_map(num_nodes):
+    # (relation, target) keys reach num_relations * num_nodes: past 2^31 they sort as int64.
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 3, 7, 7, 3, 9]])
+    edge_type = torch.tensor([2, 0, 2, 1, 0, 8])
+    g = rg.build_rgcn_map(edge_index, edge_type, num_nodes, 9, "mean")
+    assert g.rmap.rel_ptr.tolist() == [0, 2, 3, 5, 5, 5, 5, 5, 5, 6]
+    assert g.rmap.in_index.tolist() == [1, 4, 3, 0, 2, 5]
+    assert g.rmap.out_index.tolist() == [3, 3, 7, 7, 7, 9]
+    assert g.rmap.scale.tolist() == [0.5, 0.5, 1.0, 0.5, 0.5, 1.0]
+    assert g.edge_perm.tolist() == [1, 4, 3, 0, 2, 5]
