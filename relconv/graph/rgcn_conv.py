@@ -236,23 +236,26 @@ class RGCNConv(MessagePassing):
         basis = self.weight.reshape(self.num_bases, -1)
         return (self.comp @ basis).view(self.num_relations, self.in_channels_l, self.out_channels)
 
-    def _transform_map(self, graph: RGCNMap, x: Tensor, groups: int) -> tuple[RelationalMap, str | None]:
+    def _transform_map(
+        self, graph: RGCNMap, x: Tensor, groups: int, edge_weight: Tensor | None = None
+    ) -> tuple[RelationalMap, str | None]:
         """The map the per-relation transform runs over, and what aggregates before it: the edges
-        themselves (None), or the slots after a max or a sum of each slot's inputs."""
+        themselves (None; the map then carries each edge's scale), or the slots after a max or a
+        sum of each slot's inputs."""
         if graph.aggr == "max":
             return graph.slots.slot_map, "max"
         slots = graph.slots_summed_first(x, x.size(1) // groups, self.out_channels // groups)
         if slots is None:
-            return graph.conv_map(graph.pair_scale(None, x.dtype)), None
+            return graph.conv_map(graph.pair_scale(edge_weight, x.dtype)), None
         return (slots.mean_map(x.dtype) if graph.aggr == "mean" else slots.slot_map), "sum"
 
     def _propagate_features(
         self, x: Tensor, weight: Tensor, graph: RGCNMap, edge_weight: Tensor | None
     ) -> Tensor:
         groups = 1 if self.num_blocks is None else self.num_blocks
-        rmap, first = self._transform_map(graph, x, groups)
+        rmap, first = self._transform_map(graph, x, groups, edge_weight)
         if first is None:
-            return relational_conv(x, weight, graph.conv_map(graph.pair_scale(edge_weight, x.dtype)), groups)
+            return relational_conv(x, weight, rmap, groups)
         if first == "sum":
             # One GEMM row per slot instead of per edge; the mean's 1/deg rides on the slot map.
             rows = slot_sum(x, graph.slots, graph.edge_values(edge_weight, x.dtype))
