@@ -35,18 +35,17 @@ class SlotLayout:
     Attributes:
         slot_map: RelationalMap with one pair (slot id, target, relation) per slot, slots numbered
             in the pairs' order.
-        slot_index: [P] int64, the slot of each pair.
         pair_ptr: [S + 1] offsets of each slot's run of pairs (the map's index dtype).
         degree: [S] int64, the number of pairs in each slot.
     """
 
-    __slots__ = ("slot_map", "slot_index", "pair_ptr", "degree", "_rmap", "_by_source", "_mean_maps")
+    __slots__ = ("slot_map", "pair_ptr", "degree", "_rmap", "_slot_index", "_by_source", "_mean_maps")
 
     def __init__(self, rmap: RelationalMap) -> None:
         """Reads the slot count back from the device (one host synchronisation)."""
         stride = max(rmap.num_out, 1)
         key = torch.add(rmap.out_index.long(), rmap.relation_of_pairs(), alpha=stride)
-        slot_key, slot_index, counts = torch.unique_consecutive(key, return_inverse=True, return_counts=True)
+        slot_key, counts = torch.unique_consecutive(key, return_counts=True)
         num_slots = slot_key.numel()
         idt = rmap.index_dtype
         slot_rel = torch.div(slot_key, stride, rounding_mode="floor")
@@ -61,17 +60,26 @@ class SlotLayout:
             rmap.num_out,
             validate=False,
         )
-        self.slot_index = slot_index
         self.pair_ptr = torch.zeros(num_slots + 1, dtype=idt, device=key.device)
         torch.cumsum(counts, 0, out=self.pair_ptr[1:])
         self.degree = counts
         self._rmap = rmap
+        self._slot_index: Tensor | None = None
         self._by_source: tuple[Tensor, Tensor, Tensor] | None = None
         self._mean_maps: dict[torch.dtype, RelationalMap] = {}
 
     @property
     def num_slots(self) -> int:
         return self.slot_map.num_in
+
+    @property
+    def slot_index(self) -> Tensor:
+        """[P] int64, the slot of each pair; made on first use (max aggregation, the sum's input
+        gradient), so that a summing forward does not hold 8 bytes per edge for it."""
+        if self._slot_index is None:
+            slots = torch.arange(self.num_slots, device=self.degree.device)
+            self._slot_index = torch.repeat_interleave(slots, self.degree, output_size=self._rmap.num_pairs)
+        return self._slot_index
 
     def mean_map(self, dtype: torch.dtype) -> RelationalMap:
         """`slot_map` scaled by 1 / degree, in float64 for float64 features, else float32. Cached:
