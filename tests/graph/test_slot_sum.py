@@ -131,7 +131,8 @@ def test_large_graph_on_cuda_sums_first_and_agrees(monkeypatch, dtype, aggr):
     xe = x.clone().requires_grad_()
     ref = layer(xe, graph)
     ref.backward(grad)
-    # Both sides round to bf16 at different points (slot rows, outputs): compare on the tensor's scale.
+    # Both sides round to half precision at different points (slot rows, outputs): compare on the
+    # tensor's scale.
     tol = {"atol": 1e-5, "rtol": 0} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 0}
     for a, b in zip([out] + grads, [ref, xe.grad] + [p.grad for p in layer.parameters()], strict=True):
         scale = b.float().abs().max()
