@@ -121,6 +121,7 @@ def aggregates_first(num_edges: int, x: Tensor, c_in_g: int, c_out_g: int) -> bo
 
 
 def worth_it(layout: SlotLayout, num_edges: int) -> bool:
+    """Whether the slots are few enough per edge (`MAX_SLOTS_PER_EDGE`) for summing first to pay."""
     return layout.num_slots <= MAX_SLOTS_PER_EDGE * num_edges
 
 
@@ -146,7 +147,8 @@ class _SlotSum(torch.autograd.Function):
 
 
 def _csr(row_ptr: Tensor, col: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
-    # torch warns once per process that CSR support is in beta; the layout is built here, checked.
+    # torch warns once per process that CSR support is in beta. The layout is correct by
+    # construction, so its invariants go unchecked.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return torch.sparse_csr_tensor(row_ptr, col, values, size, check_invariants=False)
