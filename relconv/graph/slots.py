@@ -44,18 +44,15 @@ class SlotLayout:
     def __init__(self, rmap: RelationalMap) -> None:
         """Reads the slot count back from the device (one host synchronisation)."""
         stride = max(rmap.num_out, 1)
-        key = torch.add(rmap.out_index.long(), rmap.relation_of_pairs(), alpha=stride)
-        slot_key, counts = torch.unique_consecutive(key, return_counts=True)
-        num_slots = slot_key.numel()
+        key = slot_key(rmap)
+        slot_keys, counts = torch.unique_consecutive(key, return_counts=True)
+        num_slots = slot_keys.numel()
         idt = rmap.index_dtype
-        slot_rel = torch.div(slot_key, stride, rounding_mode="floor")
-        # Relation offsets by a search of the sorted slot keys: bincount would read the device back.
-        starts = torch.arange(0, (rmap.num_relations + 1) * stride, stride, device=key.device)
-        slot_ptr = torch.searchsorted(slot_key, starts)
+        slot_rel = torch.div(slot_keys, stride, rounding_mode="floor")
         self.slot_map = RelationalMap(
             torch.arange(num_slots, dtype=idt, device=key.device),
-            (slot_key - slot_rel * stride).to(idt),
-            slot_ptr,
+            (slot_keys - slot_rel * stride).to(idt),
+            relation_offsets(slot_keys, rmap.num_relations, stride),
             num_slots,
             rmap.num_out,
             validate=False,
@@ -106,6 +103,20 @@ class SlotLayout:
             self._by_source = (order, row_ptr, self.slot_index.index_select(0, order).to(src.dtype))
         order, row_ptr, col = self._by_source
         return _csr(row_ptr, col, values.index_select(0, order), (self._rmap.num_in, self.num_slots))
+
+
+def slot_key(rmap: RelationalMap) -> Tensor:
+    """[P] int64 key relation * max(num_out, 1) + target of each pair: sorted, and equal exactly
+    within a (target, relation) slot, for a map whose pairs are sorted by (relation, target)."""
+    return torch.add(rmap.out_index.long(), rmap.relation_of_pairs(), alpha=max(rmap.num_out, 1))
+
+
+def relation_offsets(sorted_key: Tensor, num_relations: int, stride: int) -> Tensor:
+    """[R + 1] int64 offsets of each relation's run in keys `relation * stride + target` sorted
+    ascending: a search of the keys, where bincount would read the device back."""
+    end = (num_relations + 1) * stride
+    starts = torch.arange(0, end, stride, dtype=sorted_key.dtype, device=sorted_key.device)
+    return torch.searchsorted(sorted_key, starts)
 
 
 def aggregates_first(num_edges: int, x: Tensor, c_in_g: int, c_out_g: int) -> bool:
