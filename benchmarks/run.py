@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
             rows.extend(suite.run(spec, ctx, suite_peers, timing, ceilings[spec["device"]]))
             report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
     bench.ON_IMPL = None
-    marker.unlink(missing_ok=True)
     ctx.clear()
     report.write_json(json_path, env, rows, {k: str(v) for k, v in vars(args).items()})
     if args.phase == "time":
@@ -209,7 +208,6 @@ def _instrument(args: argparse.Namespace, plan, timing: TimingConfig) -> int:
                 if r["case"] == spec["case"] and r.get("latency_ms") is not None and r["impl"] in got:
                     r.update({k: got[r["impl"]].get(k) for k in counted})
             report.write_json(json_path, env, rows, saved.get("args", {}))
-    marker.unlink(missing_ok=True)
     ctx.clear()
     _report(rows, args.out)
     return 0
@@ -217,16 +215,14 @@ def _instrument(args: argparse.Namespace, plan, timing: TimingConfig) -> int:
 
 @contextmanager
 def _stops_cleanly(marker: Path) -> Iterator[None]:
-    """Removes the case marker when the loop stops from Python: `timeout`'s SIGTERM, Ctrl-C or an
-    exception. Only a process that dies natively (a segfault) leaves it, so `--resume` records
-    crashes and nothing else, and runs an interrupted case again."""
+    """Removes the case marker however the loop ends in Python: done, `timeout`'s SIGTERM, Ctrl-C
+    or an exception. Only a process that dies natively (a segfault) leaves it, so `--resume`
+    records crashes and nothing else, and runs an interrupted case again."""
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         yield
-    except BaseException:
-        marker.unlink(missing_ok=True)
-        raise
     finally:
+        marker.unlink(missing_ok=True)
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -242,9 +238,8 @@ def _resumed_rows(json_path: Path, marker: Path, plan) -> tuple[list[dict], dict
     if marker.exists():
         lines = marker.read_text().strip().splitlines() or [""]
         crashed, impl = lines[0].strip(), (lines[1].strip() if len(lines) > 1 else "")
-        found = next(((suite, s) for suite, s in plan if s["case"] == crashed), None)
-        spec = found[1] if found else None
-        peer = next((n for n in found[0].PEERS if impl.startswith(n)), None) if found else None
+        suite, spec = next(((su, s) for su, s in plan if s["case"] == crashed), (None, None))
+        peer = next((n for n in suite.PEERS if impl.startswith(n)), None) if suite else None
         if peer is not None:
             crashed_peer[crashed] = peer
         if spec is not None and all(r["case"] != crashed for r in rows):
