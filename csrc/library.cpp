@@ -75,6 +75,17 @@
 //            (the site count, with the coordinate checks); raises ValueError for rows outside the
 //            grid and duplicate rows.
 //
+// Graph-map builder (CUDA only; the CPU path builds graph maps in torch, relconv/graph/graph_map.py).
+//   typed_edge_map(src, dst, edge_type, num_src, num_dst, num_relations, mean, index_dtype) ->
+//            (in_index, out_index, rel_ptr, scale, perm, error): the edges (src[e], dst[e],
+//            edge_type[e]) sorted stably by (relation, target): in_index / out_index [E] in
+//            index_dtype, rel_ptr [R + 1] int64, scale [E] float32 1 / (pairs in the pair's
+//            (target, relation) slot) when mean (else empty), perm [E] (int32 below 2^31 edges, else
+//            int64) the edge of each pair. src and dst share an int32 or int64 dtype, edge_type is
+//            int32 or int64. One host wait: error is a bit mask of the arguments holding values out
+//            of range (1 edge_type, 2 src, 4 dst); the maps of such a call are meaningless and the
+//            caller raises.
+//
 // BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over
 // the N rows; weight, bias, running_mean, running_var [C] in one dtype: x's, or float32 for
 // float16 / bfloat16 x.
@@ -117,6 +128,9 @@ TORCH_LIBRARY(relconv, m) {
   m.def(
       "grid_conv_map(Tensor coords, int batch_size, int[3] in_shape, int[3] out_shape, int[3] kernel_size, "
       "int[3] stride, int[3] padding, int[3] dilation, bool transposed) -> (Tensor, Tensor)");
+  m.def(
+      "typed_edge_map(Tensor src, Tensor dst, Tensor edge_type, int num_src, int num_dst, int num_relations, "
+      "bool mean, ScalarType index_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor, int)");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "

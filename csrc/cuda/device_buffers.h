@@ -39,4 +39,37 @@ inline const int32_t* read_device_words(const int32_t* device, int count, cudaSt
   return pinned;
 }
 
+// A read of one device word that the host waits for later: the copy is queued behind the work
+// already on `stream`, and wait() blocks only until it has landed, not until the work queued after
+// it has run (a builder queues its remaining kernels between the two). One pinned word and one
+// event per host thread, so a thread holds at most one such read at a time.
+class DeferredWordRead {
+ public:
+  DeferredWordRead(const int32_t* device, cudaStream_t stream) {
+    C10_CUDA_CHECK(cudaMemcpyAsync(slot().word, device, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaEventRecord(slot().landed, stream));
+  }
+  const int32_t* wait() const {
+    C10_CUDA_CHECK(cudaEventSynchronize(slot().landed));
+    return slot().word;
+  }
+
+ private:
+  struct Slot {
+    int32_t* word;
+    cudaEvent_t landed;
+  };
+  static Slot& slot() {
+    thread_local Slot s = [] {
+      Slot made{};
+      void* p = nullptr;
+      C10_CUDA_CHECK(cudaMallocHost(&p, sizeof(int32_t)));
+      made.word = static_cast<int32_t*>(p);
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&made.landed, cudaEventDisableTiming));
+      return made;
+    }();
+    return s;
+  }
+};
+
 }  // namespace relconv

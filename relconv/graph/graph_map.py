@@ -13,6 +13,7 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 
+from relconv._ext import cuda_built
 from relconv.core.relational_map import RelationalMap, check_index_range, index_dtype_for
 from relconv.graph.slots import SlotLayout, aggregates_first, relation_offsets, slot_key, worth_it
 
@@ -27,8 +28,8 @@ class RGCNMap:
         rmap: RelationalMap over the edges (in = source node, out = target node), `scale` =
             1 / deg_r(target) for mean aggregation and None for sum and max.
         aggr: "mean", "sum" or "max".
-        edge_perm: [E] int64, pair `p` of `rmap` is edge `edge_perm[p]` of the caller's edge order
-            (reorders a per-edge `edge_weight`).
+        edge_perm: [E] int64 (int32 when built on a GPU), pair `p` of `rmap` is edge `edge_perm[p]`
+            of the caller's edge order (reorders a per-edge `edge_weight`).
     """
 
     __slots__ = ("rmap", "aggr", "edge_perm", "_slots", "_mean_scales")
@@ -206,17 +207,21 @@ def build_rgcn_map(
         edge_type = torch.zeros(edge_index.size(-1), dtype=torch.long, device=edge_index.device)
     src, dst, rel = edge_arrays(edge_index, edge_type)
     num_src, num_dst = _node_counts(edge_index, src, dst, num_nodes)
-    rel = rel.long()
     if num_relations is None:
         num_relations = int(rel.max().item()) + 1 if rel.numel() else 1
     if num_relations < 1:
         raise ValueError(f"num_relations must be positive, got {num_relations}")
-    # All three in one host synchronisation.
-    check_index_range(
+    checks = (
         ("edge_type", rel, num_relations),
         ("edge_index[0] (source nodes)", src, num_src),
         ("edge_index[1] (target nodes)", dst, num_dst),
     )
+    idt = index_dtype_for(num_src, num_dst, rel.numel())
+    if src.is_cuda and cuda_built and rel.numel() and num_src and num_dst:
+        rmap, perm = _sorted_on_device(checks, aggr == "mean", idt)
+        return RGCNMap(rmap, aggr, perm)
+    # All three in one host synchronisation.
+    check_index_range(*checks)
 
     # Sorting by the (relation, target) key groups pairs by relation for the kernels and makes each
     # (target, relation) slot contiguous, so its degree and slot id come from one run-length pass.
@@ -224,12 +229,10 @@ def build_rgcn_map(
     # sizes depend on the data), so the relation offsets come from a search of the sorted keys and
     # the slot sizes from run lengths. A max map counts its slots as it is made: one more read-back.
     stride = max(num_dst, 1)
-    # 32-bit keys where they fit: the GPU's radix sort then makes half the passes (the 64-bit sort
-    # took 70 of the 190 us of GPU time of an AIFB-sized graph's build and first forward).
+    # 32-bit keys where they fit: the radix sort then makes half the passes.
     kdt = torch.int32 if (num_relations + 1) * stride < 2**31 else torch.int64
-    key, perm = torch.sort(torch.add(dst, rel, alpha=stride).to(kdt), stable=True)
+    key, perm = torch.sort(torch.add(dst, rel.long(), alpha=stride).to(kdt), stable=True)
     rel_ptr = relation_offsets(key, num_relations, stride)
-    idt = index_dtype_for(num_src, num_dst, rel.numel())
     out_index = dst.index_select(0, perm).to(idt)
     # float32 serves every dtype but float64, whose exact scale `RGCNMap.mean_scale` derives on demand.
     scale = _run_lengths(key).float().reciprocal() if aggr == "mean" else None
@@ -237,6 +240,34 @@ def build_rgcn_map(
         src.index_select(0, perm).to(idt), out_index, rel_ptr, num_src, num_dst, scale=scale, validate=False
     )
     return RGCNMap(rmap, aggr, perm)
+
+
+def _sorted_on_device(
+    checks: tuple[tuple[str, Tensor, int], ...], mean: bool, idt: torch.dtype
+) -> tuple[RelationalMap, Tensor]:
+    """The CPU path's sort, offsets and scales as one CUDA op (`typed_edge_map`: four launches
+    against about thirty, one host wait), which checks the ranges as it goes. `checks` are
+    build_rgcn_map's (name, values, size) of the edge types, sources and targets; their names go
+    into the error raised for a value out of range."""
+    (_, rel, num_relations), (_, src, num_src), (_, dst, num_dst) = checks
+    if src.dtype != dst.dtype or src.dtype not in _OP_INDEX_DTYPES:
+        src, dst = src.long(), dst.long()
+    if rel.dtype not in _OP_INDEX_DTYPES:
+        rel = rel.long()
+    in_index, out_index, rel_ptr, scale, perm, error = _TYPED_EDGE_MAP(
+        src, dst, rel, num_src, num_dst, num_relations, mean, idt
+    )
+    if error:
+        check_index_range(*checks)  # raises, naming the argument and its bounds
+        raise AssertionError(f"typed_edge_map found values out of range (mask {error}) that the check missed")
+    rmap = RelationalMap(
+        in_index, out_index, rel_ptr, num_src, num_dst, scale=scale if mean else None, validate=False
+    )
+    return rmap, perm
+
+
+_OP_INDEX_DTYPES = (torch.int32, torch.int64)
+_TYPED_EDGE_MAP = torch.ops.relconv.typed_edge_map.default
 
 
 def _slot_degree(rmap: RelationalMap) -> Tensor:
