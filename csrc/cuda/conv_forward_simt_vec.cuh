@@ -23,6 +23,11 @@ namespace relconv::cuda {
 template <int BM, int BN>
 struct SimtVecShape {
   static constexpr int kBK = 8, kThreads = (BM / 8) * (BN / 8);
+  // 16 warps per SM: the compiler then keeps to 128 registers (137 unbounded, which fits only 12
+  // warps of the 128 x 64 tile). The kernel waits on its gathered rows (ncu: long-scoreboard
+  // stalls at 19% occupancy), so more resident warps hide more of that latency; 128 still holds
+  // both register tiles without spills (ptxas -v, sm_90a).
+  static constexpr int kMinBlocks = 512 / kThreads;
   static constexpr int kLdA = BM + 4, kLdB = BN;
   static_assert(BM * kBK % (4 * kThreads) == 0, "whole A float4 per thread");
   static_assert(BN * kBK % (4 * kThreads) == 0, "whole B float4 per thread");
@@ -30,7 +35,7 @@ struct SimtVecShape {
 };
 
 template <typename Idx, int BM, int BN>
-__global__ void __launch_bounds__(SimtVecShape<BM, BN>::kThreads)
+__global__ void __launch_bounds__(SimtVecShape<BM, BN>::kThreads, SimtVecShape<BM, BN>::kMinBlocks)
     conv_forward_simt_vec(const ConvForwardArgs<float, Idx> a) {
   using S = SimtVecShape<BM, BN>;
   constexpr int BK = S::kBK, kLdA = S::kLdA, kLdB = S::kLdB;
