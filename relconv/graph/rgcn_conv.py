@@ -140,20 +140,26 @@ class RGCNConv(MessagePassing):
         graph = self._graph(edge_index, edge_type, (num_src, num_dst))
         weight = self._relation_weight()
         x_src, weight = _autocast(x_src, weight)
-        if x_src is None or not x_src.is_floating_point():
+        features = x_src is not None and x_src.is_floating_point()
+        # The bias rides in the core op's epilogue, one pass over the output fewer, unless autocast
+        # runs the layer in another dtype than the bias: `out + bias` then promotes the output to
+        # the bias's dtype, as PyG's layer does.
+        fused = features and self.bias is not None and self.bias.dtype == x_src.dtype
+        fused_bias = self.bias if fused else None
+        if not features:
             # The scale's precision follows the rows it multiplies: here weight rows.
             out = self._featureless(x_src, weight, graph, graph.pair_scale(edge_weight, weight.dtype))
         else:
-            out = self._propagate_features(x_src, weight, graph, edge_weight)
+            out = self._propagate_features(x_src, weight, graph, edge_weight, fused_bias)
         if self.root is not None:
             if x_dst is None:  # x=None: the targets are nodes 0..N-1, so root[x_dst] is root itself
                 out = out + self.root.to(out.dtype)
             elif x_dst.is_floating_point():
-                # One GEMM that adds onto the messages: no separate pass over the output.
-                out = torch.addmm(out, x_dst.to(out.dtype), self.root.to(out.dtype))
+                # One GEMM that adds onto the messages in place: no copy of the output, no extra pass.
+                out = out.addmm_(x_dst.to(out.dtype), self.root.to(out.dtype))
             else:
                 out = out + self.root.to(out.dtype).index_select(0, x_dst)
-        if self.bias is not None:
+        if self.bias is not None and not fused:
             out = out + self.bias
         return out
 
@@ -250,23 +256,23 @@ class RGCNConv(MessagePassing):
         return (slots.mean_map(x.dtype) if graph.aggr == "mean" else slots.slot_map), "sum"
 
     def _propagate_features(
-        self, x: Tensor, weight: Tensor, graph: RGCNMap, edge_weight: Tensor | None
+        self, x: Tensor, weight: Tensor, graph: RGCNMap, edge_weight: Tensor | None, bias: Tensor | None
     ) -> Tensor:
         groups = 1 if self.num_blocks is None else self.num_blocks
         rmap, first = self._transform_map(graph, x, groups, edge_weight)
         if first is None:
-            return relational_conv(x, weight, rmap, groups)
+            return relational_conv(x, weight, rmap, groups, bias=bias)
         if first == "sum":
             # One GEMM row per slot instead of per edge; the mean's 1/deg rides on the slot map.
             rows = slot_sum(x, graph.slots, graph.edge_values(edge_weight, x.dtype))
-            return relational_conv(rows, weight, rmap, groups)
+            return relational_conv(rows, weight, rmap, groups, bias=bias)
         # Max over each (target, relation) slot of the raw inputs, then one core call transforms the
         # slot rows (PyG aggregates before the per-relation matmul too).
         rows = x.index_select(0, graph.rmap.in_index)
         scale = graph.pair_scale(edge_weight, x.dtype)
         if scale is not None:
             rows = rows * scale.to(rows.dtype).unsqueeze(1)
-        return relational_conv(_slot_max(rows, graph), weight, rmap, groups)
+        return relational_conv(_slot_max(rows, graph), weight, rmap, groups, bias=bias)
 
     def _featureless(
         self, ids: Tensor | None, weight: Tensor, graph: RGCNMap, scale: Tensor | None
