@@ -123,11 +123,13 @@ def aggregates_first(num_edges: int, x: Tensor, c_in_g: int, c_out_g: int) -> bo
     """Whether a CUDA R-GCN forward over features `x` may sum each slot's inputs before transforming
     (`MIN_EDGES`, `MIN_CHANNELS`; the slot count is checked once the slots exist). Traced and
     exported graphs keep the per-edge path: building the slots reads their count back."""
+    # Tracing first: under torch.export the edge count is symbolic, and comparing it would add a
+    # guard that bounds the exported program's edge count.
     return (
-        x.is_cuda
+        not torch.compiler.is_compiling()
+        and x.is_cuda
         and num_edges >= MIN_EDGES
         and min(c_in_g, c_out_g) >= MIN_CHANNELS
-        and not torch.compiler.is_compiling()
     )
 
 
