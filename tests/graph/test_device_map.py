@@ -97,3 +97,46 @@ def test_graph_without_edges():
     g = rg.build_rgcn_map(ei, torch.zeros(0, dtype=torch.long, device="cuda"), 10, 3)
     assert g.num_edges == 0
     assert g.rmap.rel_ptr.tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda a: {**a, "dst": a["dst"][:-1]}, "one entry per edge"),
+        (lambda a: {**a, "src": a["src"].float()}, "int32 or int64 dtype"),
+        (lambda a: {**a, "dst": a["dst"].int()}, "share an int32 or int64 dtype"),
+        (lambda a: {**a, "src": a["src"].view(2, -1)}, "must be 1-D"),
+        (lambda a: {**a, "src": a["src"].cpu()}, "one CUDA device"),
+        (lambda a: {**a, "num_relations": 0}, "num_relations must be positive"),
+        (lambda a: {**a, "num_dst": -1}, "node counts must be non-negative"),
+        (lambda a: {**a, "num_src": 0}, "needs source and target nodes"),
+        (lambda a: {**a, "num_relations": 2**40, "num_dst": 2**40}, "overflows int64"),
+        (lambda a: {**a, "index_dtype": torch.float32}, "index_dtype must be int32 or int64"),
+    ],
+    ids=[
+        "lengths",
+        "float src",
+        "mixed dtypes",
+        "2-D",
+        "device",
+        "relations",
+        "targets",
+        "no nodes",
+        "overflow",
+        "dtype",
+    ],
+)
+def test_op_rejects_bad_arguments(change, match):
+    ei, et = (t.cuda() for t in random_graph(num_relations=5))
+    args = dict(
+        src=ei[0].contiguous(),
+        dst=ei[1].contiguous(),
+        edge_type=et,
+        num_src=30,
+        num_dst=30,
+        num_relations=5,
+        mean=True,
+        index_dtype=torch.int32,
+    )
+    with pytest.raises(ValueError, match=match):
+        torch.ops.relconv.typed_edge_map(**change(args))
