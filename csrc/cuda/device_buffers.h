@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <deque>
 
 namespace relconv {
 
@@ -42,34 +43,39 @@ inline const int32_t* read_device_words(const int32_t* device, int count, cudaSt
 // A read of one device word that the host waits for later: the copy is queued behind the work
 // already on `stream`, and wait() blocks only until it has landed, not until the work queued after
 // it has run (a builder queues its remaining kernels between the two). One pinned word and one
-// event per host thread, so a thread holds at most one such read at a time.
+// event per host thread and device (an event records only on its own device's streams), so a
+// thread holds at most one such read per device at a time. `stream` is on the current device.
 class DeferredWordRead {
  public:
-  DeferredWordRead(const int32_t* device, cudaStream_t stream) {
-    C10_CUDA_CHECK(cudaMemcpyAsync(slot().word, device, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-    C10_CUDA_CHECK(cudaEventRecord(slot().landed, stream));
+  DeferredWordRead(const int32_t* device, cudaStream_t stream) : slot_(&current_slot()) {
+    C10_CUDA_CHECK(cudaMemcpyAsync(slot_->word, device, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaEventRecord(slot_->landed, stream));
   }
   const int32_t* wait() const {
-    C10_CUDA_CHECK(cudaEventSynchronize(slot().landed));
-    return slot().word;
+    C10_CUDA_CHECK(cudaEventSynchronize(slot_->landed));
+    return slot_->word;
   }
 
  private:
   struct Slot {
-    int32_t* word;
-    cudaEvent_t landed;
+    int32_t* word = nullptr;
+    cudaEvent_t landed = nullptr;
   };
-  static Slot& slot() {
-    thread_local Slot s = [] {
-      Slot made{};
+  static Slot& current_slot() {
+    thread_local std::deque<Slot> slots;  // growing keeps the slots in place
+    int device = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    if (slots.size() <= static_cast<size_t>(device)) slots.resize(device + 1);
+    Slot& s = slots[device];
+    if (s.word == nullptr) {
       void* p = nullptr;
       C10_CUDA_CHECK(cudaMallocHost(&p, sizeof(int32_t)));
-      made.word = static_cast<int32_t*>(p);
-      C10_CUDA_CHECK(cudaEventCreateWithFlags(&made.landed, cudaEventDisableTiming));
-      return made;
-    }();
+      s.word = static_cast<int32_t*>(p);
+      C10_CUDA_CHECK(cudaEventCreateWithFlags(&s.landed, cudaEventDisableTiming));
+    }
     return s;
   }
+  Slot* slot_;
 };
 
 }  // namespace relconv
