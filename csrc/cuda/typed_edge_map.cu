@@ -6,7 +6,6 @@
 // whose map is built in the call on small graphs.
 #include "common/error_message.h"
 #include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
