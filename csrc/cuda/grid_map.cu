@@ -21,17 +21,14 @@
 
 #include "cuda/device_buffers.h"
 #include "cuda/grid_map.cuh"
+#include "cuda/kernel_launch.h"
 
 namespace relconv {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + cuda::kMapThreads - 1) / cuda::kMapThreads;
-  RELCONV_CHECK(b <= kInt32Max, "relconv grid_conv_map: ", n, " threads is too many");
-  return static_cast<unsigned>(b);
-}
+unsigned blocks_for(int64_t n) { return launch::blocks_for(n, cuda::kMapThreads, "relconv grid_conv_map"); }
 
 // The key set's slots: a power of two above the candidate count, so that an empty slot always ends
 // a probe.

@@ -1,6 +1,7 @@
-// Host-side launch helpers shared by the conv launchers (conv_launch.cuh, conv_launch_wgmma.cu): the
-// dynamic shared memory opt-in, and the cluster launch that groups the CTAs of a table kernel's
-// relation split (relation_split_sum in conv_forward_table.cuh; common/kernel_choice.h sets it).
+// Host-side launch helpers shared by the conv launchers (conv_launch.cuh, conv_launch_wgmma.cu) and
+// the map builders: the grid of a one-item-a-thread kernel, the dynamic shared memory opt-in, and
+// the cluster launch that groups the CTAs of a table kernel's relation split (relation_split_sum in
+// conv_forward_table.cuh; common/kernel_choice.h sets it).
 #pragma once
 
 #include "common/error_message.h"
@@ -13,6 +14,14 @@
 #include <limits>
 
 namespace relconv::launch {
+
+// Blocks of `threads` threads covering `n` items, one item a thread; `op` names the caller in the
+// error raised past a grid's 2^31 - 1 blocks.
+inline unsigned blocks_for(int64_t n, int threads, const char* op) {
+  const int64_t b = (n + threads - 1) / threads;
+  RELCONV_CHECK(b <= std::numeric_limits<int32_t>::max(), op, ": ", n, " threads is too many");
+  return static_cast<unsigned>(b);
+}
 
 // Past 48 KiB of dynamic shared memory a kernel must opt in (once per process and kernel; the
 // attribute is per function, and every device of one process runs the same image).

@@ -36,11 +36,7 @@ namespace {
 // The hash table's slots are int32 row indices at most half full.
 constexpr int64_t kMaxHashRows = int64_t{1} << 30;
 
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + cuda::kMapThreads - 1) / cuda::kMapThreads;
-  RELCONV_CHECK(b <= std::numeric_limits<int32_t>::max(), "relconv kernel maps: ", n, " threads is too many");
-  return static_cast<unsigned>(b);
-}
+unsigned blocks_for(int64_t n) { return launch::blocks_for(n, cuda::kMapThreads, "relconv kernel maps"); }
 
 // Coordinates as the kernels read them: [N, 4] int32, contiguous, rows 16-byte aligned.
 at::Tensor row_major_coords(const at::Tensor& coords, const char* name) {

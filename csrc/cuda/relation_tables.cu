@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "cuda/device_buffers.h"
+#include "cuda/kernel_launch.h"
 #include "cuda/relation_tables.cuh"
 
 namespace relconv {
@@ -24,11 +25,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  RELCONV_CHECK(b <= std::numeric_limits<int32_t>::max(), "relconv table ops: ", n, " threads is too many");
-  return static_cast<unsigned>(b);
-}
+unsigned blocks_for(int64_t n) { return launch::blocks_for(n, kThreads, "relconv table ops"); }
 
 // [num_in, R] table of the transposed map from the [num_out, R] table of an injective map.
 at::Tensor transpose_neighbor_table_cuda(const at::Tensor& table, int64_t num_in) {

@@ -6,11 +6,13 @@
 // whose map is built in the call on small graphs.
 #include "common/error_message.h"
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <bit>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <limits>
@@ -18,6 +20,7 @@
 #include <type_traits>
 
 #include "cuda/device_buffers.h"
+#include "cuda/kernel_launch.h"
 
 namespace relconv {
 namespace {
@@ -111,17 +114,7 @@ __global__ void sorted_pairs_kernel(const E* __restrict__ src, const E* __restri
   if (scale != nullptr) scale[p] = 1.f / static_cast<float>(run_length(keys, n, p));
 }
 
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  RELCONV_CHECK_VALUE(b <= std::numeric_limits<int32_t>::max(), "typed_edge_map: ", n, " edges is too many");
-  return static_cast<unsigned>(b);
-}
-
-int bit_width(uint64_t v) {
-  int bits = 0;
-  for (; v != 0; v >>= 1) ++bits;
-  return bits;
-}
+unsigned blocks_for(int64_t n) { return launch::blocks_for(n, kThreads, "typed_edge_map"); }
 
 using EdgeMap = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>;
 
@@ -147,7 +140,9 @@ EdgeMap build(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& re
 
   cub::DoubleBuffer<K> key_buf(keys, keys + n);
   cub::DoubleBuffer<V> id_buf(ids[0].mutable_data_ptr<V>(), ids[1].mutable_data_ptr<V>());
-  const int end_bit = std::max(1, bit_width(static_cast<uint64_t>(num_rel * num_dst - 1)));
+  // Sort only the bits a key can hold: the largest is num_rel * num_dst - 1.
+  const auto largest_key = static_cast<uint64_t>(num_rel * num_dst) - 1;
+  const int end_bit = std::max(1, static_cast<int>(std::bit_width(largest_key)));
   size_t temp_bytes = 0;
   const auto sort = [&](void* temp) {
     C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, key_buf, id_buf, static_cast<V>(n), 0, end_bit,
@@ -194,7 +189,9 @@ EdgeMap build_keyed(const at::Tensor& src, const at::Tensor& dst, const at::Tens
 EdgeMap typed_edge_map_cuda(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& edge_type,
                             int64_t num_src, int64_t num_dst, int64_t num_relations, bool mean,
                             at::ScalarType index_dtype) {
-  const auto index_like = [](const at::Tensor& t) { return t.scalar_type() == at::kInt || t.scalar_type() == at::kLong; };
+  const auto index_like = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kInt || t.scalar_type() == at::kLong;
+  };
   RELCONV_CHECK_VALUE(src.dim() == 1 && dst.dim() == 1 && edge_type.dim() == 1,
                       "typed_edge_map: src, dst and edge_type must be 1-D, got shapes ", src.sizes(), ", ",
                       dst.sizes(), " and ", edge_type.sizes());
@@ -229,13 +226,12 @@ EdgeMap typed_edge_map_cuda(const at::Tensor& src, const at::Tensor& dst, const 
             at::empty({0}, opts.dtype(at::kFloat)), at::empty({0}, opts.dtype(at::kLong)), 0};
   }
   const at::Tensor s = src.contiguous(), d = dst.contiguous(), r = edge_type.contiguous();
-  const bool wide_edges = s.scalar_type() == at::kLong, wide_types = r.scalar_type() == at::kLong;
-  if (wide_edges && wide_types) {
-    return build_keyed<int64_t, int64_t>(s, d, r, num_src, num_dst, num_relations, mean, index_dtype, stream);
-  }
-  if (wide_edges) return build_keyed<int64_t, int32_t>(s, d, r, num_src, num_dst, num_relations, mean, index_dtype, stream);
-  if (wide_types) return build_keyed<int32_t, int64_t>(s, d, r, num_src, num_dst, num_relations, mean, index_dtype, stream);
-  return build_keyed<int32_t, int32_t>(s, d, r, num_src, num_dst, num_relations, mean, index_dtype, stream);
+  return AT_DISPATCH_INDEX_TYPES(s.scalar_type(), "typed_edge_map", [&] {
+    using E = index_t;
+    return AT_DISPATCH_INDEX_TYPES(r.scalar_type(), "typed_edge_map", [&] {
+      return build_keyed<E, index_t>(s, d, r, num_src, num_dst, num_relations, mean, index_dtype, stream);
+    });
+  });
 }
 
 }  // namespace
