@@ -12,7 +12,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <bit>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <limits>
@@ -140,9 +139,9 @@ EdgeMap build(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& re
 
   cub::DoubleBuffer<K> key_buf(keys, keys + n);
   cub::DoubleBuffer<V> id_buf(ids[0].mutable_data_ptr<V>(), ids[1].mutable_data_ptr<V>());
-  // Sort only the bits a key can hold: the largest is num_rel * num_dst - 1.
+  // Sort only the bits a key can hold: the largest is num_rel * num_dst - 1 (at least one bit).
   const auto largest_key = static_cast<uint64_t>(num_rel * num_dst) - 1;
-  const int end_bit = std::max(1, static_cast<int>(std::bit_width(largest_key)));
+  const int end_bit = 64 - __builtin_clzll(largest_key | 1);
   size_t temp_bytes = 0;
   const auto sort = [&](void* temp) {
     C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, key_buf, id_buf, static_cast<V>(n), 0, end_bit,
