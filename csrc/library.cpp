@@ -86,6 +86,14 @@
 //            of range (1 edge_type, 2 src, 4 dst); the maps of such a call are meaningless and the
 //            caller raises.
 //
+// Sparse row sums (CPU and CUDA).
+//   csr_row_sum(row_ptr, col, values, x) -> out [rows, C] in x's dtype: out[r] = sum over e in
+//            [row_ptr[r], row_ptr[r + 1]) of values[e] * x[col[e]], accumulated in x's accumulation
+//            dtype, each row written once (no zero fill). row_ptr [rows + 1] and col share int32 or
+//            int64; values has x's dtype. The indices are trusted as relconv builds them (read on
+//            the device only): entries outside [0, col.numel()) and columns outside x are skipped.
+//            R-GCN's sum of each (target, relation) slot's inputs and that sum's input gradient.
+//
 // BatchNorm over voxel features (csrc/cuda/batch_norm.cuh), x [N, C], statistics per channel over
 // the N rows; weight, bias, running_mean, running_var [C] in one dtype: x's, or float32 for
 // float16 / bfloat16 x.
@@ -131,6 +139,7 @@ TORCH_LIBRARY(relconv, m) {
   m.def(
       "typed_edge_map(Tensor src, Tensor dst, Tensor edge_type, int num_src, int num_dst, int num_relations, "
       "bool mean, ScalarType index_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor, int)");
+  m.def("csr_row_sum(Tensor row_ptr, Tensor col, Tensor values, Tensor x) -> Tensor");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "

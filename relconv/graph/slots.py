@@ -3,12 +3,10 @@
 A slot is one target node's edges of one relation. R-GCN's message into a slot is
 (sum or mean of its inputs) @ W_r, so summing the inputs first and transforming each slot row once
 runs one GEMM row per slot instead of one per edge. The sum is a sparse [slots, nodes] @ [nodes, C]
-product (cuSPARSE through torch's CSR tensors); its input gradient is the transposed product.
+product (relconv's csr_row_sum op); its input gradient is the transposed product.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from torch import Tensor
@@ -88,12 +86,9 @@ class SlotLayout:
             self._mean_maps[dtype] = scaled
         return scaled
 
-    def matrix(self, values: Tensor) -> Tensor:
-        """[S, num_in] CSR: entry (slot, input) = the pair's value (`values` in pair order)."""
-        return _csr(self.pair_ptr, self._rmap.in_index, values, (self.num_slots, self._rmap.num_in))
-
-    def transposed_matrix(self, values: Tensor) -> Tensor:
-        """[num_in, S] CSR of the same entries, rows = inputs (the sum's input gradient)."""
+    def by_source(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(order, row_ptr, col) of the transposed [num_in, S] product: the pairs sorted by input,
+        each input's run of pairs, and each such pair's slot (the sum's input gradient)."""
         if self._by_source is None:
             # Built on the first backward: inference never pays for it.
             src = self._rmap.in_index
@@ -101,8 +96,7 @@ class SlotLayout:
             bounds = torch.arange(self._rmap.num_in + 1, device=src.device, dtype=src.dtype)
             row_ptr = torch.searchsorted(src.index_select(0, order), bounds).to(src.dtype)
             self._by_source = (order, row_ptr, self.slot_index.index_select(0, order).to(src.dtype))
-        order, row_ptr, col = self._by_source
-        return _csr(row_ptr, col, values.index_select(0, order), (self._rmap.num_in, self.num_slots))
+        return self._by_source
 
 
 def slot_key(rmap: RelationalMap) -> Tensor:
@@ -148,7 +142,7 @@ class _SlotSum(torch.autograd.Function):
     def forward(ctx, x: Tensor, layout: SlotLayout, values: Tensor) -> Tensor:
         ctx.layout = layout
         ctx.save_for_backward(values)
-        return layout.matrix(values) @ x
+        return torch.ops.relconv.csr_row_sum(layout.pair_ptr, layout._rmap.in_index, values, x)
 
     @staticmethod
     @once_differentiable
@@ -156,12 +150,5 @@ class _SlotSum(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None
         (values,) = ctx.saved_tensors
-        return ctx.layout.transposed_matrix(values) @ grad.contiguous(), None, None
-
-
-def _csr(row_ptr: Tensor, col: Tensor, values: Tensor, size: tuple[int, int]) -> Tensor:
-    # torch warns once per process that CSR support is in beta. The layout is correct by
-    # construction, so its invariants go unchecked.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        return torch.sparse_csr_tensor(row_ptr, col, values, size, check_invariants=False)
+        order, row_ptr, col = ctx.layout.by_source()
+        return torch.ops.relconv.csr_row_sum(row_ptr, col, values.index_select(0, order), grad), None, None
