@@ -25,6 +25,7 @@ from relconv.voxel import PreparedCalls
 from relconv.voxel.conv import run_checked
 from relconv.voxel.fold import FoldCache
 from relconv.voxel.grid_map import build_map, conv_output_size, deconv_output_size
+from relconv.voxel.utils import registered
 
 _MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"
 SUPPORTED_NDIM = (2, 3)
@@ -203,7 +204,7 @@ class SparseConvolution(SparseModule):
             raise ValueError(
                 f"input has {features.shape[1]} channels but the layer expects {self.in_channels}"
             )
-        weight, bias = self.weight, self.bias
+        weight, bias = registered(self, "weight"), registered(self, "bias")
         if self.conv1x1:
             out = self._conv1x1(input, weight, bias)
         else:
@@ -254,11 +255,17 @@ class SparseConvolution(SparseModule):
             sites = datas.out_sites
         else:
             sites = x._sites
-        voxel = sites.voxel(x.features)
         # A folded call (act set) is prepared afresh: the stored calls run without an activation.
         calls = self._calls if act is None else None
-        d = self._dilation_3d
-        out = run_checked(voxel, kernel, self._kernel_3d, (1, 1, 1), d, bias, act, calls).feats
+        cache = sites._cache
+        out = None
+        if calls is not None and cache is not None:
+            # The stored call straight on the features: no VoxelTensor in or out.
+            out = calls.run_features(x.features, cache, (1, 1, 1), kernel, bias)
+        if out is None:
+            voxel = sites.voxel(x.features)
+            d = self._dilation_3d
+            out = run_checked(voxel, kernel, self._kernel_3d, (1, 1, 1), d, bias, act, calls).feats
         indice_dict = x.indice_dict
         if key is not None and datas is None:
             indice_dict = dict(indice_dict)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from relconv.ops import ACTIVATIONS, ConvPlan, conv_call, direct_ok, forgetting_ref, plan, prepare, run_conv
-from relconv.voxel.kernel_map import LayerMap, layer_map
+from relconv.voxel.kernel_map import LayerMap, MapCache, layer_map
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import Triple, registered, triple
 
@@ -233,14 +233,29 @@ class PreparedCalls(dict):
 
     def run(self, x: VoxelTensor, weight: Tensor, bias: Tensor | None) -> VoxelTensor | None:
         """The stored call over x's coordinates, or None where there is none or it steps aside."""
-        if not direct_ok((x.feats, weight, bias)):
+        plan = self._plan(x.feats, x.cache, x.stride, weight, bias)
+        out = None if plan is None else plan.run(x.feats, weight, bias)
+        return None if out is None else VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, x.cache)
+
+    def run_features(
+        self, feats: Tensor, cache: MapCache, stride: Triple, weight: Tensor, bias: Tensor | None
+    ) -> Tensor | None:
+        """`run`'s output features, for features on `cache`'s coordinates at `stride` that are not
+        wrapped in a VoxelTensor (the compatibility layers' own tensors): the stored call checks
+        their shape, dtype and device against those it was prepared for, and steps aside (None)
+        where they differ."""
+        plan = self._plan(feats, cache, stride, weight, bias)
+        return None if plan is None else plan.run(feats, weight, bias)
+
+    def _plan(
+        self, feats: Tensor, cache: MapCache, stride: Triple, weight: Tensor, bias: Tensor | None
+    ) -> LayerPlan | None:
+        if not direct_ok((feats, weight, bias)):
             return None
-        cache = x.cache
         plan = self.get(id(cache))
-        if plan is None or plan.run is None or plan.cache() is not cache or plan.in_stride != x.stride:
+        if plan is None or plan.run is None or plan.cache() is not cache or plan.in_stride != stride:
             return None
-        out = plan.run(x.feats, weight, bias)
-        return None if out is None else VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, cache)
+        return plan
 
     def keep(self, x: VoxelTensor, args, bias: Tensor | None, lm: LayerMap, rmap) -> None:
         """Marks the layer's first call over x's coordinates and keeps its prepared call

@@ -13,6 +13,7 @@ import torch
 import relconv.spconv as spconv
 import relconv.torchsparse.nn as spnn
 from relconv.ops import MapCalls
+from relconv.spconv.core import SiteSet
 from relconv.voxel import PreparedCalls
 from tests.compat.spconv_refs import random_tensor
 from tests.compat.torchsparse_refs import scene
@@ -117,3 +118,22 @@ def test_prepared_training_steps_match_fresh_ones(case):
     torch.testing.assert_close(_feats(out), _feats(ref))
     for p, q in zip(layer.parameters(), fresh.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_spconv_submanifold_runs_its_stored_call_on_the_features(monkeypatch):
+    # Once the call is stored, the layer hands it the features as they are: no VoxelTensor is made.
+    layer, x, _ = _spconv_case()
+    with torch.no_grad():
+        layer(x)
+        want = layer(x).features
+        wrapped = []
+        voxel = SiteSet.voxel
+        monkeypatch.setattr(SiteSet, "voxel", lambda self, f: wrapped.append(f) or voxel(self, f))
+        got = layer(x).features
+        assert wrapped == []
+        # Features in another dtype step aside to the full path, which wraps them and names the
+        # mismatch.
+        with pytest.raises(ValueError, match="dtype"):
+            layer(x.replace_feature(x.features.float()))
+    assert len(wrapped) == 1
+    torch.testing.assert_close(got, want)
