@@ -6,7 +6,7 @@
 #
 # Writes SUMMARY_FILE with, per tool, the command, the errors compute-sanitizer counted, its exit code
 # and pytest's result line; full logs go next to it as SUMMARY_FILE.<tool>.log. Exits non-zero when
-# any tool found an error, failed or timed out. Sized for about 6 minutes on one H100; per-tool
+# any tool found an error, failed or timed out. Sized for about 8 minutes on one H100; per-tool
 # limits (seconds) can be changed with SANITIZE_TIMEOUT_<TOOL>=..., e.g. SANITIZE_TIMEOUT_MEMCHECK=600.
 #
 # Torch's caching allocator hands out slices of large blocks, which hides out-of-bounds accesses and
@@ -26,9 +26,13 @@ PYTEST=(python -m pytest -q -p no:cacheprovider -m cuda -W ignore::UserWarning)
 
 # Every kernel and dtype once: parity (pair path, 4 dtypes, groups), the table path in two shapes
 # (scalar and vector loads), the weight gradient's 128-wide pipelined tiles (16-bit and exact fp32),
-# the map builders.
-MEDIUM_FILES=(tests/ops/test_relational_conv_cuda.py tests/ops/test_weight_grad_cuda.py tests/voxel/test_kernel_map_cuda.py)
+# the voxel map builders, the graph map builder (typed_edge_map, hubs and out-of-range input) and
+# the sparse row sum (csr_row_sum: vector and element paths, empty rows, chunked long rows).
+MEDIUM_FILES=(tests/ops/test_relational_conv_cuda.py tests/ops/test_weight_grad_cuda.py tests/voxel/test_kernel_map_cuda.py
+              tests/graph/test_device_map.py tests/ops/test_csr_row_sum.py)
 MEDIUM_K="test_cpu_cuda_parity and (16-16-1 or 32-48-4) or test_neighbor_table_forward_and_gradients and (3-17-1-torch.int32 or 64-64-2-torch.int64) or test_weight_grad_matches_reference and 128-128-1 and int32 or test_submanifold_matches_reference and dilation0-1-kernel0 or test_strided_matches_reference and dilation0-1-2-kernel1 or test_transposed_table or test_empty_and_single_voxel"
+MEDIUM_K+=" or test_same_map_as_the_cpu_build or test_same_map_on_hubs or test_out_of_range_raises_like"
+MEDIUM_K+=" or test_long_rows_match or test_unaligned_features or test_empty_rows_and_empty or test_entries_out_of_range_are_skipped or test_matches_the_dense_product and (3-torch.int32 or 64-torch.int64)"
 MEDIUM=("${MEDIUM_FILES[@]}" -k "$MEDIUM_K")
 # racecheck instruments every shared-memory access (minutes per test): the tensor-core pair path and
 # SIMT pair path (forward, input and weight gradients) and the tensor-core neighbour-table path.
@@ -87,9 +91,9 @@ run_tool() {
 # memcheck: MEDIUM plus hostile input on CUDA (bad indices and coordinates must not touch memory out of
 # bounds). Every CUDA test file took over 170 s under memcheck on an H100.
 MEMCHECK=("${MEDIUM_FILES[@]}" tests/test_hostile_input.py -k "($MEDIUM_K) or test_hostile_input")
-run_tool memcheck "${SANITIZE_TIMEOUT_MEMCHECK:-170}" 1 "${MEMCHECK[@]}"
-run_tool initcheck "${SANITIZE_TIMEOUT_INITCHECK:-80}" 1 "${MEDIUM[@]}"
-run_tool synccheck "${SANITIZE_TIMEOUT_SYNCCHECK:-60}" 0 "${MEDIUM[@]}"
+run_tool memcheck "${SANITIZE_TIMEOUT_MEMCHECK:-240}" 1 "${MEMCHECK[@]}"
+run_tool initcheck "${SANITIZE_TIMEOUT_INITCHECK:-120}" 1 "${MEDIUM[@]}"
+run_tool synccheck "${SANITIZE_TIMEOUT_SYNCCHECK:-90}" 0 "${MEDIUM[@]}"
 run_tool racecheck "${SANITIZE_TIMEOUT_RACECHECK:-170}" 0 "${SMALL[@]}"
 
 echo "overall: $([[ $status == 0 ]] && echo 'clean' || echo 'NOT clean')" >>"$summary"
