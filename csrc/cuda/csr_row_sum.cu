@@ -1,7 +1,9 @@
 // CUDA kernels of relconv::csr_row_sum (the sum of each R-GCN slot's inputs, relconv/graph/slots.py,
-// and its input gradient). A group of lanes owns one output row: each lane holds a 16-byte slice of
-// the row's channels, walks the row's entries (two at a time, so that two gathers are in flight)
-// and writes its slice once; the output is never zero-filled or rescaled.
+// and its input gradient). A group of lanes owns `lanes` consecutive rows: each lane holds a 16-byte
+// slice of the channels. The group loads its entries' columns and weights together and walks them
+// in order, each lane gathering its slice of several entries at once across row boundaries (R-GCN's
+// slots mostly hold one to three inputs, so a row at a time would wait on every gather chain), and
+// writes each row once; the output is never zero-filled or rescaled.
 //
 // Knowledge graphs have hub rows (AM: a slot of 58k entries, an input of 369k): one lane group
 // walking such a row would hold up the whole call for milliseconds. Rows longer than kChunk entries
@@ -9,7 +11,7 @@
 // kernel sums each chunk and adds it atomically into a float32 (float64) row of a scratch buffer, and
 // a third writes those rows out. The host learns nothing: the lists and the scratch are sized for
 // the most long rows and chunks the entry count allows. The chunks' order of addition varies run to
-// run; under torch.use_deterministic_algorithms every row is walked whole by one lane group.
+// run; under torch.use_deterministic_algorithms every row is walked whole by its group.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <c10/cuda/CUDAException.h>
@@ -57,114 +59,178 @@ struct Args {
   acc_t<T>* scratch;
 };
 
-// The lane group of this thread and its lane.
-__device__ __forceinline__ int64_t group_of(int lanes_log2) {
-  return (blockIdx.x * int64_t{kThreads} + threadIdx.x) >> lanes_log2;
-}
+// A group of lanes of one warp: its number in the grid, this thread's lane and the group's lanes
+// as a warp mask (for the shuffles, which only the group's lanes join).
+struct Group {
+  int64_t index;
+  int lane, lanes;
+  int first_lane;  // the group's first lane in its warp
+  unsigned mask;
+};
 
-// Sum over entries [begin, end) of values[e] * x[col[e]], slice s. Columns outside x are skipped.
-template <typename T, typename I, int V>
-__device__ __forceinline__ void sum_slice(const Args<T, I, V>& a, int64_t begin, int64_t end, int64_t s,
-                                          acc_t<T> (&acc)[V]) {
-  using Acc = acc_t<T>;
-  const auto weight_of = [&](int64_t e, int64_t& i) -> Acc {
-    i = a.col[e];
-    if (i < 0 || i >= a.num_x) {
-      i = 0;
-      return Acc{0};
-    }
-    return to_acc(a.values[e]);
-  };
-#pragma unroll
-  for (int k = 0; k < V; ++k) acc[k] = Acc{0};
-  int64_t e = begin;
-  for (; e + 1 < end; e += 2) {
-    int64_t i0, i1;
-    const Acc w0 = weight_of(e, i0), w1 = weight_of(e + 1, i1);
-    const Slice<T, V> p = a.x[i0 * a.slices + s], q = a.x[i1 * a.slices + s];
-#pragma unroll
-    for (int k = 0; k < V; ++k) acc[k] += w0 * to_acc(p.v[k]) + w1 * to_acc(q.v[k]);
-  }
-  if (e < end) {
-    int64_t i0;
-    const Acc w0 = weight_of(e, i0);
-    const Slice<T, V> p = a.x[i0 * a.slices + s];
-#pragma unroll
-    for (int k = 0; k < V; ++k) acc[k] += w0 * to_acc(p.v[k]);
-  }
+__device__ __forceinline__ Group group_of(int lanes_log2) {
+  const int64_t t = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  Group g;
+  g.index = t >> lanes_log2;
+  g.lanes = 1 << lanes_log2;
+  g.lane = threadIdx.x & (g.lanes - 1);
+  g.first_lane = (threadIdx.x & 31) & ~(g.lanes - 1);
+  g.mask = g.lanes == 32 ? 0xffffffffu : ((1u << g.lanes) - 1) << g.first_lane;
+  return g;
 }
 
 // Entries [begin, end) of `row`, clamped to the entry array.
 template <typename T, typename I, int V>
 __device__ __forceinline__ void row_range(const Args<T, I, V>& a, int64_t row, int64_t& begin, int64_t& end) {
-  begin = max(static_cast<int64_t>(a.row_ptr[row]), int64_t{0});
-  end = min(static_cast<int64_t>(a.row_ptr[row + 1]), a.num_entries);
+  begin = min(max(static_cast<int64_t>(a.row_ptr[row]), int64_t{0}), a.num_entries);
+  end = max(min(static_cast<int64_t>(a.row_ptr[row + 1]), a.num_entries), begin);
 }
 
-// One lane group per row: sums and writes a short row; lists a long one (first lane) and zeroes its
-// scratch row.
+// Gathers in flight per lane: one 16-byte slice of each of kUnroll entries is loaded before any
+// is summed.
+constexpr int kUnroll = 4;
+
+// Walks entries [begin, end), which belong to `rows` consecutive rows whose ends lane r of the
+// group holds in `row_end` (r < rows), and hands each row's sum of slice s to done(r, acc), in row
+// order, empty rows included. The group loads the entries' columns and weights together, a batch of
+// `lanes` at a time, and each lane gathers its slice of kUnroll entries at once, across row
+// boundaries: a short row does not wait for the one before it. Lanes past the slices join the
+// shuffles and gather nothing. Columns outside x are skipped.
+template <typename T, typename I, int V, typename Done>
+__device__ __forceinline__ void walk(const Args<T, I, V>& a, const Group& g, int64_t s, int64_t begin, int64_t end,
+                                     int64_t row_end, int rows, Done&& done) {
+  using Acc = acc_t<T>;
+  const bool active = s < a.slices;
+  int r = 0;
+  int64_t r_end = __shfl_sync(g.mask, row_end, 0, g.lanes);
+  Acc acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = Acc{0};
+  for (int64_t base = begin; base < end; base += g.lanes) {
+    const int64_t e = base + g.lane;
+    int64_t col = -1;
+    Acc w = Acc{0};
+    if (e < end) {
+      const int64_t i = a.col[e];
+      if (i >= 0 && i < a.num_x) {
+        col = i;
+        w = to_acc(a.values[e]);
+      }
+    }
+    const int count = static_cast<int>(min(static_cast<int64_t>(g.lanes), end - base));
+    for (int j0 = 0; j0 < count; j0 += kUnroll) {
+      Slice<T, V> xs[kUnroll];
+      Acc ws[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = __shfl_sync(g.mask, col, (j0 + u) & (g.lanes - 1), g.lanes);
+        ws[u] = __shfl_sync(g.mask, w, (j0 + u) & (g.lanes - 1), g.lanes);
+        if (active && j0 + u < count && i >= 0) {
+          xs[u] = a.x[i * a.slices + s];
+        } else {
+          ws[u] = Acc{0};
+#pragma unroll
+          for (int k = 0; k < V; ++k) xs[u].v[k] = T{};
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j0 + u >= count) break;
+        // Rows are group-uniform: every lane advances past the same (empty or finished) rows.
+        while (base + j0 + u >= r_end && r + 1 < rows) {
+          done(r, acc);
+#pragma unroll
+          for (int k = 0; k < V; ++k) acc[k] = Acc{0};
+          r_end = __shfl_sync(g.mask, row_end, ++r, g.lanes);
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += ws[u] * to_acc(xs[u].v[k]);
+      }
+    }
+  }
+  done(r, acc);
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = Acc{0};
+  for (++r; r < rows; ++r) done(r, acc);
+}
+
+// One lane group per `lanes` consecutive rows. A long row's first lane lists it and its chunks
+// and zeroes its scratch row; the group then walks each run of short rows between the long ones.
 template <typename T, typename I, int V>
 __global__ void __launch_bounds__(kThreads) row_sum_kernel(Args<T, I, V> a) {
-  const int64_t row = group_of(a.lanes_log2);
-  if (row >= a.rows) return;
-  const int lanes = 1 << a.lanes_log2;
-  const int lane = threadIdx.x & (lanes - 1);
-  int64_t begin, end;
-  row_range(a, row, begin, end);
-  if (a.counts != nullptr && end - begin > kChunk) {
-    if (lane == 0) {
-      const int64_t slot = static_cast<int64_t>(atomicAdd(&a.counts[0], 1ull));
-      const int64_t n = (end - begin + kChunk - 1) / kChunk;
-      const int64_t first = static_cast<int64_t>(atomicAdd(&a.counts[1], static_cast<unsigned long long>(n)));
-      a.long_rows[slot] = row;
-      for (int64_t c = 0; c < n; ++c) {
-        a.chunks[2 * (first + c)] = slot;
-        a.chunks[2 * (first + c) + 1] = begin + c * kChunk;
-      }
-      for (int64_t k = 0; k < a.slices * V; ++k) a.scratch[slot * a.slices * V + k] = acc_t<T>{0};
+  const Group g = group_of(a.lanes_log2);
+  const int64_t first = g.index * g.lanes;
+  if (first >= a.rows) return;
+  const int n = static_cast<int>(min(static_cast<int64_t>(g.lanes), a.rows - first));
+  int64_t begin = 0, end = 0;
+  if (g.lane < n) row_range(a, first + g.lane, begin, end);
+  const bool is_long = a.counts != nullptr && end - begin > kChunk;
+  if (is_long) {
+    const int64_t slot = static_cast<int64_t>(atomicAdd(&a.counts[0], 1ull));
+    const int64_t chunks = (end - begin + kChunk - 1) / kChunk;
+    const int64_t at = static_cast<int64_t>(atomicAdd(&a.counts[1], static_cast<unsigned long long>(chunks)));
+    a.long_rows[slot] = first + g.lane;
+    for (int64_t c = 0; c < chunks; ++c) {
+      a.chunks[2 * (at + c)] = slot;
+      a.chunks[2 * (at + c) + 1] = begin + c * kChunk;
     }
-    return;
+    for (int64_t k = 0; k < a.slices * V; ++k) a.scratch[slot * a.slices * V + k] = acc_t<T>{0};
   }
-  for (int64_t s = lane; s < a.slices; s += lanes) {
-    acc_t<T> acc[V];
-    sum_slice(a, begin, end, s, acc);
-    Slice<T, V> o;
+  const unsigned long_rows = __ballot_sync(g.mask, is_long) >> g.first_lane;
+  for (int64_t s0 = 0; s0 < a.slices; s0 += g.lanes) {
+    const int64_t s = s0 + g.lane;
+    for (int r0 = 0; r0 < n;) {
+      if ((long_rows >> r0) & 1u) {
+        ++r0;
+        continue;
+      }
+      // The run of short rows r0 .. r1 - 1: up to the next long row or the group's last row.
+      const unsigned later = long_rows >> r0;
+      const int r1 = later == 0 ? n : min(n, r0 + __ffs(later) - 1);
+      // Row r0 + k's end, in lane k of the group.
+      const int64_t run_row_end = __shfl_sync(g.mask, end, (r0 + g.lane) & (g.lanes - 1), g.lanes);
+      const int64_t run_begin = __shfl_sync(g.mask, begin, r0, g.lanes);
+      const int64_t run_end = __shfl_sync(g.mask, end, r1 - 1, g.lanes);
+      walk(a, g, s, run_begin, max(run_end, run_begin), run_row_end, r1 - r0, [&](int r, const acc_t<T>(&acc)[V]) {
+        if (s >= a.slices) return;
+        Slice<T, V> o;
 #pragma unroll
-    for (int k = 0; k < V; ++k) o.v[k] = from_acc<T>(acc[k]);
-    a.out[row * a.slices + s] = o;
+        for (int k = 0; k < V; ++k) o.v[k] = from_acc<T>(acc[k]);
+        a.out[(first + r0 + r) * a.slices + s] = o;
+      });
+      r0 = r1;
+    }
   }
 }
 
 // One lane group per listed chunk: adds its entries' sum into its long row's scratch row.
 template <typename T, typename I, int V>
 __global__ void __launch_bounds__(kThreads) chunk_sum_kernel(Args<T, I, V> a) {
-  const int64_t chunk = group_of(a.lanes_log2);
-  if (chunk >= static_cast<int64_t>(a.counts[1])) return;
-  const int lanes = 1 << a.lanes_log2;
-  const int lane = threadIdx.x & (lanes - 1);
-  const int64_t slot = a.chunks[2 * chunk], begin = a.chunks[2 * chunk + 1];
+  const Group g = group_of(a.lanes_log2);
+  if (g.index >= static_cast<int64_t>(a.counts[1])) return;
+  const int64_t slot = a.chunks[2 * g.index], begin = a.chunks[2 * g.index + 1];
   int64_t row_begin, row_end;
   row_range(a, a.long_rows[slot], row_begin, row_end);
   const int64_t end = min(begin + kChunk, row_end);
   acc_t<T>* dst = a.scratch + slot * a.slices * V;
-  for (int64_t s = lane; s < a.slices; s += lanes) {
-    acc_t<T> acc[V];
-    sum_slice(a, begin, end, s, acc);
+  for (int64_t s0 = 0; s0 < a.slices; s0 += g.lanes) {
+    const int64_t s = s0 + g.lane;
+    walk(a, g, s, begin, end, end, 1, [&](int, const acc_t<T>(&acc)[V]) {
+      if (s >= a.slices) return;
 #pragma unroll
-    for (int k = 0; k < V; ++k) atomicAdd(dst + s * V + k, acc[k]);
+      for (int k = 0; k < V; ++k) atomicAdd(dst + s * V + k, acc[k]);
+    });
   }
 }
 
 // One lane group per long row: writes its scratch row out in the output dtype.
 template <typename T, typename I, int V>
 __global__ void __launch_bounds__(kThreads) long_row_out_kernel(Args<T, I, V> a) {
-  const int64_t slot = group_of(a.lanes_log2);
-  if (slot >= static_cast<int64_t>(a.counts[0])) return;
-  const int lanes = 1 << a.lanes_log2;
-  const int lane = threadIdx.x & (lanes - 1);
-  const int64_t row = a.long_rows[slot];
-  const acc_t<T>* src = a.scratch + slot * a.slices * V;
-  for (int64_t s = lane; s < a.slices; s += lanes) {
+  const Group g = group_of(a.lanes_log2);
+  if (g.index >= static_cast<int64_t>(a.counts[0])) return;
+  const int64_t row = a.long_rows[g.index];
+  const acc_t<T>* src = a.scratch + g.index * a.slices * V;
+  for (int64_t s = g.lane; s < a.slices; s += g.lanes) {
     Slice<T, V> o;
 #pragma unroll
     for (int k = 0; k < V; ++k) o.v[k] = from_acc<T>(src[s * V + k]);
@@ -185,6 +251,9 @@ void launch(const at::Tensor& row_ptr, const at::Tensor& col, const at::Tensor& 
   a.num_x = x.size(0);
   a.num_entries = col.numel();
   a.slices = x.size(1) / V;
+  // At least 8 lanes a group: they load a batch of 8 entries' columns together even where fewer
+  // slices span the channels.
+  a.lanes_log2 = 3;
   while ((1 << a.lanes_log2) < a.slices && a.lanes_log2 < 5) ++a.lanes_log2;
   const auto grid = [&](int64_t groups) {
     return launch::blocks_for(groups << a.lanes_log2, kThreads, "csr_row_sum");
@@ -205,7 +274,7 @@ void launch(const at::Tensor& row_ptr, const at::Tensor& col, const at::Tensor& 
     a.chunks = a.long_rows + max_long;
     a.scratch = reinterpret_cast<acc_t<T>*>(scratch.mutable_data_ptr());
   }
-  row_sum_kernel<T, I, V><<<grid(a.rows), kThreads, 0, stream>>>(a);
+  row_sum_kernel<T, I, V><<<grid((a.rows + (1 << a.lanes_log2) - 1) >> a.lanes_log2), kThreads, 0, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (a.counts == nullptr) return;
   chunk_sum_kernel<T, I, V><<<grid(max_chunks), kThreads, 0, stream>>>(a);
