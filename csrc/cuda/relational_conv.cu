@@ -212,11 +212,14 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
   const auto acc = acc_dtype(x.scalar_type());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // float32/float64 accumulate straight into the output; half/bfloat16 into an fp32 buffer, cast at the end.
-  at::Tensor out = memset_tensor({num_out, s.groups * s.cout_g}, x.options().dtype(acc), 0, stream);
-  // The atomics kernel has no epilogue (an output is complete only when every block is done): bias and
-  // ReLU are two passes over the accumulator, before its one rounding to x's dtype.
+  // The atomics kernel has no epilogue (an output is complete only when every block is done), so the
+  // accumulator starts from the bias: one write of it instead of a zero fill and a pass that adds the
+  // bias (on an AM-shaped R-GCN layer, 1.67M rows of 64 fp32 channels on an H200, 95 us instead of
+  // 95 + 313 us). ReLU is a pass over the accumulator before its one rounding to x's dtype.
+  const int64_t out_shape[] = {num_out, s.groups * s.cout_g};
+  at::Tensor out = bias.has_value() ? bias->to(acc).expand(out_shape).clone(at::MemoryFormat::Contiguous)
+                                    : memset_tensor(out_shape, x.options().dtype(acc), 0, stream);
   const auto finish = [&] {
-    if (bias.has_value()) out.add_(*bias);
     if (relu) out.relu_();
     return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
   };
