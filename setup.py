@@ -11,6 +11,7 @@ linked from the objects compiled for `relconv._C` (no second compile) and needs 
 import glob
 import importlib.util
 import os
+import warnings
 
 import torch
 from setuptools import setup
@@ -28,6 +29,26 @@ def _with_cuda() -> bool:
     if wanted and CUDA_HOME is None:
         raise RuntimeError("relconv: CUDA build requested but no CUDA toolkit found; set CUDA_HOME")
     return wanted
+
+
+def _hopper_arch_default() -> None:
+    """Hopper's wgmma kernels exist only in sm_90a code. torch's builder compiles for the GPUs it sees
+    when TORCH_CUDA_ARCH_LIST is unset, and names an H100 / H200 "9.0" (plain sm_90): such a build
+    would run every layer those kernels serve on the slower mma.sync kernel. Unset, the list becomes
+    the GPUs seen, with 9.0a for Hopper; a list that names 9.0 without 9.0a is kept, with a warning."""
+    wanted = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if wanted:
+        names = wanted.replace(",", ";").replace(" ", ";").split(";")
+        if any(n.split("+")[0] == "9.0" for n in names) and not any(n.startswith("9.0a") for n in names):
+            message = "TORCH_CUDA_ARCH_LIST names 9.0 without 9.0a: Hopper's wgmma kernels are not built"
+            warnings.warn(message, stacklevel=2)
+        return
+    if not torch.cuda.is_available():
+        return
+    caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    if (9, 0) in caps:
+        names = ("9.0a" if c == (9, 0) else f"{c[0]}.{c[1]}" for c in caps)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(names)
 
 
 def _cutlass_include() -> str:
@@ -66,6 +87,7 @@ def _extension():
             extra_compile_args={"cxx": cxx},
             extra_link_args=link,
         )
+    _hopper_arch_default()
     nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DRELCONV_WITH_CUDA"]
     return CUDAExtension(
         "relconv._C",

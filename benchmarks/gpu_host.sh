@@ -9,7 +9,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/relconv-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
 declare -A STEPS=(
   [test]="python -m benchmarks.gpu_checks suite summary"
   [sanitize]="python -m benchmarks.gpu_checks sanitize summary"
