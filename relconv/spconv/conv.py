@@ -255,17 +255,15 @@ class SparseConvolution(SparseModule):
             sites = datas.out_sites
         else:
             sites = x._sites
-        # A folded call (act set) is prepared afresh: the stored calls run without an activation.
-        calls = self._calls if act is None else None
         cache = sites._cache
         out = None
-        if calls is not None and cache is not None:
+        if cache is not None:
             # The stored call straight on the features: no VoxelTensor in or out.
-            out = calls.run_features(x.features, cache, (1, 1, 1), kernel, bias)
+            out = self._calls.run_features(x.features, cache, (1, 1, 1), kernel, bias, act)
         if out is None:
             voxel = sites.voxel(x.features)
             d = self._dilation_3d
-            out = run_checked(voxel, kernel, self._kernel_3d, (1, 1, 1), d, bias, act, calls).feats
+            out = run_checked(voxel, kernel, self._kernel_3d, (1, 1, 1), d, bias, act, self._calls).feats
         indice_dict = x.indice_dict
         if key is not None and datas is None:
             indice_dict = dict(indice_dict)

@@ -75,7 +75,7 @@ def conv3d(
     if not isinstance(x, VoxelTensor):
         raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
     if prepared is not None:
-        out = prepared.run(x, weight, bias)
+        out = prepared.run(x, weight, bias, activation)
         if out is not None:
             return out
     k, s, d = triple(kernel_size, "kernel_size"), triple(stride, "stride"), triple(dilation, "dilation")
@@ -149,7 +149,7 @@ def run_layer(
     rmap = lm.rmap if offset_order is None else lm.rmap.relabeled(offset_order)
     call = conv_call(x.feats, weight, rmap, groups, bias=bias, activation=activation)
     if lm.unchecked is None and prepared is not None and lm.out_cache is x.cache:
-        prepared.keep(x, call[0], bias, lm, rmap)
+        prepared.keep(x, call[0], bias, activation, lm, rmap)
     out = run_conv(call)
     if lm.unchecked is not None:
         # New CUDA coordinates are checked once the conv is queued: the check waits only for the
@@ -184,7 +184,7 @@ def run_checked(
     the compatibility layers): its prepared call where there is one, else `run_layer`, without
     conv3d's per-call argument checks (the op still checks what reaches it)."""
     if prepared is not None:
-        out = prepared.run(x, weight, bias)
+        out = prepared.run(x, weight, bias, activation)
         if out is not None:
             return out
     return run_layer(
@@ -205,8 +205,9 @@ def run_checked(
 
 
 class LayerPlan(NamedTuple):
-    """A layer's prepared call over one coordinate set, kept in its `PreparedCalls` (keyed by the
-    set's `MapCache`).
+    """A layer's prepared call over one coordinate set with one activation, kept in its
+    `PreparedCalls` (keyed by the set's `MapCache` and the activation: the prepared call applies the
+    activation it was made with).
 
     Preparing a call (map lookup, execution plan, table schedule, pair lists, checks) costs about as
     much host time as the op's dispatch and launch: a cached C64 fp16 layer takes 28-31 us to
@@ -225,43 +226,61 @@ class LayerPlan(NamedTuple):
 
 
 class PreparedCalls(dict):
-    """One layer's `LayerPlan`s, by `id` of the coordinate set's `MapCache`. `Conv3d` keeps one, and
-    so does every compatibility layer (`relconv.spconv`, `relconv.torchsparse`) that runs a relconv
-    conv with weights of its own layout (through `conv3d(..., prepared=)`): `run` is the fast
-    path, `run_layer(..., prepared=)` the full one that stores the plans. Copies and pickles start
-    empty: a plan is bound to tensors of this process."""
+    """One layer's `LayerPlan`s, by `id` of the coordinate set's `MapCache` and the activation.
+    `Conv3d` keeps one, and so does every compatibility layer (`relconv.spconv`,
+    `relconv.torchsparse`) that runs a relconv conv with weights of its own layout (through
+    `conv3d(..., prepared=)`): `run` is the fast path, `run_layer(..., prepared=)` the full one that
+    stores the plans. Copies and pickles start empty: a plan is bound to tensors of this process."""
 
-    def run(self, x: VoxelTensor, weight: Tensor, bias: Tensor | None) -> VoxelTensor | None:
-        """The stored call over x's coordinates, or None where there is none or it steps aside."""
-        plan = self._plan(x.feats, x.cache, x.stride, weight, bias)
+    def run(
+        self, x: VoxelTensor, weight: Tensor, bias: Tensor | None, activation: str | None = None
+    ) -> VoxelTensor | None:
+        """The stored call over x's coordinates with `activation`, or None where there is none or
+        it steps aside."""
+        plan = self._plan(x.feats, x.cache, x.stride, weight, bias, activation)
         out = None if plan is None else plan.run(x.feats, weight, bias)
         return None if out is None else VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, x.cache)
 
     def run_features(
-        self, feats: Tensor, cache: MapCache, stride: Triple, weight: Tensor, bias: Tensor | None
+        self,
+        feats: Tensor,
+        cache: MapCache,
+        stride: Triple,
+        weight: Tensor,
+        bias: Tensor | None,
+        activation: str | None = None,
     ) -> Tensor | None:
         """`run`'s output features, for features on `cache`'s coordinates at `stride` that are not
         wrapped in a VoxelTensor (the compatibility layers' own tensors): the stored call checks
         their shape, dtype and device against those it was prepared for, and steps aside (None)
         where they differ."""
-        plan = self._plan(feats, cache, stride, weight, bias)
+        plan = self._plan(feats, cache, stride, weight, bias, activation)
         return None if plan is None else plan.run(feats, weight, bias)
 
     def _plan(
-        self, feats: Tensor, cache: MapCache, stride: Triple, weight: Tensor, bias: Tensor | None
+        self,
+        feats: Tensor,
+        cache: MapCache,
+        stride: Triple,
+        weight: Tensor,
+        bias: Tensor | None,
+        activation: str | None,
     ) -> LayerPlan | None:
         if not direct_ok((feats, weight, bias)):
             return None
-        plan = self.get(id(cache))
+        plan = self.get((id(cache), activation))
         if plan is None or plan.run is None or plan.cache() is not cache or plan.in_stride != stride:
             return None
         return plan
 
-    def keep(self, x: VoxelTensor, args, bias: Tensor | None, lm: LayerMap, rmap) -> None:
-        """Marks the layer's first call over x's coordinates and keeps its prepared call
-        (`relconv.ops.prepare`, over `rmap`: `lm`'s map, relabelled where the call's weight lists
-        the offsets in another order) at the second. A bias that needs a cast per call gets none."""
-        cache, key = x.cache, id(x.cache)
+    def keep(
+        self, x: VoxelTensor, args, bias: Tensor | None, activation: str | None, lm: LayerMap, rmap
+    ) -> None:
+        """Marks the layer's first call over x's coordinates with `activation` and keeps its
+        prepared call (`relconv.ops.prepare`, over `rmap`: `lm`'s map, relabelled where the call's
+        weight lists the offsets in another order) at the second. A bias that needs a cast per call
+        gets none."""
+        cache, key = x.cache, (id(x.cache), activation)
         seen = self.get(key)
         if seen is None or seen.cache() is not cache:
             # The mark leaves with the coordinates: a network over a new scan keeps no marks.

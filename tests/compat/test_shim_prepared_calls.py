@@ -14,7 +14,7 @@ import relconv.spconv as spconv
 import relconv.torchsparse.nn as spnn
 from relconv.ops import MapCalls
 from relconv.spconv.core import SiteSet
-from relconv.voxel import PreparedCalls
+from relconv.voxel import PreparedCalls, conv3d
 from tests.compat.spconv_refs import random_tensor
 from tests.compat.torchsparse_refs import scene
 
@@ -137,3 +137,37 @@ def test_spconv_submanifold_runs_its_stored_call_on_the_features(monkeypatch):
             layer(x.replace_feature(x.features.float()))
     assert len(wrapped) == 1
     torch.testing.assert_close(got, want)
+
+
+def test_a_stored_call_keeps_its_activation():
+    # A TorchSparse conv folds a following ReLU into its call; the same conv alone over the same
+    # sites must not run the stored call with the ReLU in it (nor the other way round).
+    conv = spnn.Conv3d(3, 5, 3, bias=True).double().eval()
+    with_relu = torch.nn.Sequential(conv, spnn.ReLU(True)).eval()
+    x = scene(n=80)
+    with torch.no_grad():
+        plain = copy.deepcopy(conv)(x).F
+        for _ in range(3):
+            relu = with_relu(x).F
+        for _ in range(3):
+            alone = conv(x).F
+        for _ in range(2):
+            relu_again = with_relu(x).F
+    assert plain.min() < 0
+    torch.testing.assert_close(alone, plain)
+    torch.testing.assert_close(relu, plain.relu())
+    torch.testing.assert_close(relu_again, plain.relu())
+
+
+def test_native_prepared_calls_key_on_the_activation():
+    x = scene(n=80)._voxel()
+    weight = torch.randn(27, 3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    calls = PreparedCalls()
+    plain = conv3d(x, weight, 3).feats
+    for _ in range(3):
+        relu = conv3d(x, weight, 3, activation="relu", prepared=calls).feats
+    for _ in range(3):
+        alone = conv3d(x, weight, 3, prepared=calls).feats
+    assert plain.min() < 0 and len(calls) == 2
+    torch.testing.assert_close(relu, plain.relu())
+    torch.testing.assert_close(alone, plain)

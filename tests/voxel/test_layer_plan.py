@@ -25,8 +25,13 @@ def _unplanned(conv, x):
     return conv(VoxelTensor(x.feats, x.coords, x.stride))
 
 
+def _key(conv, x):
+    """Where a layer's plan over x's coordinates is kept: by the set's cache and the activation."""
+    return (id(x.cache), conv.activation)
+
+
 def _plan_of(conv, x):
-    plan = conv._prepared.get(id(x.cache))
+    plan = conv._prepared.get(_key(conv, x))
     return None if plan is None else plan.run
 
 
@@ -58,9 +63,9 @@ def test_planned_call_is_the_prepared_one(monkeypatch):
     conv = Conv3d(8, 8, 3)
     _planned(conv, x)
     calls = []
-    real = conv._prepared[id(x.cache)]
+    real = conv._prepared[_key(conv, x)]
     spy = real._replace(run=lambda *a: calls.append(a) or real.run(*a))
-    conv._prepared[id(x.cache)] = spy
+    conv._prepared[_key(conv, x)] = spy
     with torch.no_grad():
         conv(x)
     assert len(calls) == 1 and calls[0][0] is x.feats
@@ -129,7 +134,7 @@ def test_a_plan_is_never_run_for_another_coordinate_set_under_its_id():
     conv = Conv3d(8, 8, 3)
     _planned(conv, x)
     with torch.no_grad():
-        conv._prepared[id(other.cache)] = conv._prepared.pop(id(x.cache))  # as if other had x's id
+        conv._prepared[_key(conv, other)] = conv._prepared.pop(_key(conv, x))  # as if other had x's id
         out = conv(other)
         expected = _unplanned(conv, other)
     torch.testing.assert_close(out.feats, expected.feats)
