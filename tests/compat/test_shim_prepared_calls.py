@@ -14,6 +14,7 @@ import relconv.spconv as spconv
 import relconv.torchsparse.nn as spnn
 from relconv.ops import MapCalls
 from relconv.spconv.core import SiteSet
+from relconv.torchsparse import SparseTensor
 from relconv.voxel import PreparedCalls, conv3d
 from tests.compat.spconv_refs import random_tensor
 from tests.compat.torchsparse_refs import scene
@@ -171,3 +172,24 @@ def test_native_prepared_calls_key_on_the_activation():
     assert plain.min() < 0 and len(calls) == 2
     torch.testing.assert_close(relu, plain.relu())
     torch.testing.assert_close(alone, plain)
+
+
+def test_torchsparse_submanifold_runs_its_stored_call_on_the_features(monkeypatch):
+    # Once the call is stored, the conv hands it the features as they are: no relconv tensor is made.
+    layer, x, _ = _torchsparse_case(1)
+    with torch.no_grad():
+        first = layer(x).F
+        want = layer(x).F
+        made = []
+        voxel = SparseTensor._voxel
+        monkeypatch.setattr(SparseTensor, "_voxel", lambda self: made.append(self) or voxel(self))
+        out = layer(x)
+        got = out.F
+        assert made == []
+        assert out.coords is x.coords and out.spatial_range == x.spatial_range
+        # Features in another dtype step aside to the full path, which names the mismatch.
+        with pytest.raises(ValueError, match="dtype"):
+            _feats(layer(x._like(x.feats.float())))
+    assert len(made) == 1
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(first, want)

@@ -154,6 +154,35 @@ class Runs:
             calls = self.layers[(lows, relabelled)] = PreparedCalls()
         return calls
 
+    def submanifold(
+        self,
+        x: SparseTensor,
+        kernel: Tensor,
+        bias: Tensor | None,
+        k: Triple,
+        padding: Triple,
+        hashmap: bool,
+        activation: str | None,
+    ) -> SparseTensor | None:
+        """A submanifold conv's stored call run straight on x's features (no relconv tensor in or
+        out), or None where there is none yet or it steps aside: `run_conv`'s full path then runs,
+        and stores the call."""
+        base = x._base  # x's sites in relconv's units; None until a layer has run on them
+        if base is None or not isinstance(x.feats, Tensor):
+            return None
+        lows = torchsparse_lows(k, (1, 1, 1), padding, hashmap)
+        relabelled = relabels(kernel)
+        calls = self.layers.get((lows, relabelled))
+        if calls is None:
+            return None
+        weight = kernel if relabelled else self.weight(kernel, lows, relconv_geometry(k, lows))
+        feats = calls.run_features(x.feats, base.cache, base.stride, weight, bias, activation)
+        if feats is None:
+            return None
+        out = x._like(feats)
+        out.spatial_range = _subm_range(x.spatial_range, k, padding)
+        return out
+
     def weight(self, kernel: Tensor, layout: tuple, geometry: Geometry) -> Tensor:
         """`kernel` in `geometry`'s order, kept per `layout` (the map's lows, or "grid") while
         autograd is off."""
@@ -198,6 +227,10 @@ def run_conv(
         if out.stride not in x._caches.cmaps:
             x._caches.cmaps[out.stride] = (out.coords, out.spatial_range)
         return out
+    if s == (1, 1, 1) and not transposed and runs is not None:
+        out = runs.submanifold(x, weight, bias, k, padding, modes[0], activation)
+        if out is not None:
+            return out
     vt = x._voxel()
     caches = x._caches  # after _voxel, which may give new coordinates a cache of their own
     hint = None
