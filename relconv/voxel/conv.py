@@ -237,9 +237,11 @@ class PreparedCalls(dict):
     ) -> VoxelTensor | None:
         """The stored call over x's coordinates with `activation`, or None where there is none or
         it steps aside."""
-        plan = self._plan(x.feats, x.cache, x.stride, weight, bias, activation)
-        out = None if plan is None else plan.run(x.feats, weight, bias)
-        return None if out is None else VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, x.cache)
+        out = self.run_features(x.feats, x.cache, x.stride, weight, bias, activation)
+        if out is None:
+            return None
+        plan = self[(id(x.cache), activation)]
+        return VoxelTensor._trusted(out, plan.out_coords, plan.out_stride, x.cache)
 
     def run_features(
         self,
@@ -254,24 +256,12 @@ class PreparedCalls(dict):
         wrapped in a VoxelTensor (the compatibility layers' own tensors): the stored call checks
         their shape, dtype and device against those it was prepared for, and steps aside (None)
         where they differ."""
-        plan = self._plan(feats, cache, stride, weight, bias, activation)
-        return None if plan is None else plan.run(feats, weight, bias)
-
-    def _plan(
-        self,
-        feats: Tensor,
-        cache: MapCache,
-        stride: Triple,
-        weight: Tensor,
-        bias: Tensor | None,
-        activation: str | None,
-    ) -> LayerPlan | None:
         if not direct_ok((feats, weight, bias)):
             return None
         plan = self.get((id(cache), activation))
         if plan is None or plan.run is None or plan.cache() is not cache or plan.in_stride != stride:
             return None
-        return plan
+        return plan.run(feats, weight, bias)
 
     def keep(
         self, x: VoxelTensor, args, bias: Tensor | None, activation: str | None, lm: LayerMap, rmap
