@@ -36,6 +36,11 @@
 //            checks its metadata; like neighbor_table it must describe exactly the op's pairs.
 //   transposed_order  optional [num_in] (table dtype): transposed_table's schedule order, as
 //            table_order is neighbor_table's (a permutation; needs transposed_table).
+//   relational_conv_add_(out, x, weight, in_index, out_index, rel_ptr, scale) -> (): adds the
+//            pairs' sum into out [num_out, G * C_out_g] (x's dtype, no overlap with x or weight) in
+//            place, num_out = out.size(0). The pair path only, not differentiable: for an
+//            inference layer whose output already holds another term (R-GCN's root transform and
+//            bias), so that the sum lands on it with no accumulator of its own and no extra pass.
 //   neighbor_table_order(table) -> [num_out] permutation sorting rows by their occupied slots.
 //   table_pairs(table) -> (in_index, out_index, rel_ptr): CUDA only, no host sync; the table's pairs
 //            in (relation, out) order padded with -1 to num_out * R entries (rel_ptr[R] of them are
@@ -115,6 +120,9 @@ TORCH_LIBRARY(relconv, m) {
       "Tensor rel_ptr, Tensor? scale, SymInt num_out, Tensor? neighbor_table=None, "
       "Tensor? table_order=None, Tensor? bias=None, bool relu=False, Tensor? transposed_table=None, "
       "Tensor? transposed_order=None) -> Tensor");
+  m.def(
+      "relational_conv_add_(Tensor(a!) out, Tensor x, Tensor weight, Tensor in_index, Tensor out_index, "
+      "Tensor rel_ptr, Tensor? scale) -> ()");
   m.def(
       "relational_conv_weight_grad(Tensor x, Tensor grad_out, Tensor in_index, "
       "Tensor out_index, Tensor rel_ptr, Tensor? scale, int groups, ScalarType? out_dtype=None) -> Tensor");

@@ -3,6 +3,7 @@
 // tensor metadata, never data, so it costs no host synchronisation on the GPU path.
 #include "common/error_message.h"
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include <optional>
 
@@ -174,6 +175,21 @@ inline void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& 
   RELCONV_CHECK_VALUE(b.scalar_type() == x.scalar_type(), "bias dtype (", b.scalar_type(), ") must match x dtype (",
                     x.scalar_type(), ")");
   RELCONV_CHECK_VALUE(b.device() == x.device(), "bias must be on ", x.device(), " like x, got ", b.device());
+}
+
+// relational_conv_add_'s out: [num_out, cout_total] in x's dtype on x's device, sharing no memory
+// with x or weight (it is written while they are read).
+inline void check_add_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, int64_t cout_total) {
+  RELCONV_CHECK_VALUE(out.dim() == 2 && out.size(1) == cout_total, "out must have shape [num_out, ", cout_total,
+                    "], got ", out.sizes());
+  RELCONV_CHECK_VALUE(out.scalar_type() == x.scalar_type(), "out dtype (", out.scalar_type(),
+                    ") must match x dtype (", x.scalar_type(), ")");
+  RELCONV_CHECK_VALUE(out.device() == x.device(), "out must be on ", x.device(), " like x, got ", out.device());
+  for (const at::Tensor* other : {&x, &weight}) {
+    const auto status = at::get_overlap_status(out, *other);
+    RELCONV_CHECK_VALUE(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial,
+                      "out must not share memory with x or weight");
+  }
 }
 
 // The weight gradient's dtype: x's, or float32 (the accumulator of half inputs, for float32 weights

@@ -342,10 +342,21 @@ at::Tensor relational_conv_weight_grad_cpu(const at::Tensor& x, const at::Tensor
   return dw.to(out);
 }
 
+// The sum over the pairs, added into out (the CPU conv's result, rounded to x's dtype, then added).
+void relational_conv_add_cpu(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& in_index, const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                             const std::optional<at::Tensor>& scale) {
+  const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
+  check_add_out(out, x, weight, s.groups * s.cout_g);
+  out.add_(relational_conv_cpu(x, weight, in_index, out_index, rel_ptr, scale, out.size(0), std::nullopt,
+                               std::nullopt, std::nullopt, false, std::nullopt, std::nullopt));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(relconv, CPU, m) {
   m.impl("relational_conv", &relational_conv_cpu);
+  m.impl("relational_conv_add_", &relational_conv_add_cpu);
   m.impl("relational_conv_weight_grad", &relational_conv_weight_grad_cpu);
 }
 

@@ -18,6 +18,7 @@
 
 #include "common/checks.h"
 #include "cuda/conv_launch.h"
+#include "cuda/bias_rows.cuh"
 #include "cuda/device_buffers.h"
 #include "cuda/weight_transpose.cuh"
 
@@ -98,6 +99,24 @@ at::Tensor contiguous_weight(const at::Tensor& weight, cudaStream_t stream) {
     case 8: launch(uint64_t{}); break;
     default: return weight.contiguous();
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+// [num_out, C] rows each holding `bias` ([C], x's dtype) in the accumulation dtype `options`.
+at::Tensor bias_rows(const at::Tensor& bias, int64_t num_out, const at::TensorOptions& options, cudaStream_t stream) {
+  const int64_t cols = bias.numel();
+  at::Tensor out = at::empty({num_out, cols}, options);
+  const int64_t total = out.numel();
+  if (total == 0) return out;
+  const at::Tensor b = bias.contiguous();
+  const int64_t chunks = (total * out.element_size() + 15) / 16;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((chunks + 255) / 256, 1 << 16));
+  dispatch_types(bias.scalar_type(), at::kInt, [&](auto t, auto) {
+    using T = decltype(t);
+    cuda::fill_bias_rows<T><<<blocks, 256, 0, stream>>>(ptr<T>(b), cols, total,
+                                                        reinterpret_cast<acc_t<T>*>(out.mutable_data_ptr()));
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
@@ -190,6 +209,33 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
   return out;
 }
 
+// Adds every pair's scale * x[in] @ W[r] into `acc` ([num_out, groups * cout_g], contiguous, in x's
+// accumulation dtype) with the atomics kernel, which has no epilogue: an output is complete only when
+// every block is done.
+void add_pairs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index, const at::Tensor& out_index,
+               const at::Tensor& rel_ptr, const std::optional<at::Tensor>& scale, const ConvShape& s,
+               int64_t num_out, at::Tensor& acc, cudaStream_t stream) {
+  if (s.num_pairs == 0 || num_out == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0) return;
+  check_int32_channels(s);
+  const at::Tensor xc = x.contiguous(), wc = contiguous_weight(weight, stream);
+  const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
+  const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
+  dispatch_types(x.scalar_type(), in_index.scalar_type(), [&](auto t, auto i) {
+    using T = decltype(t);
+    using Idx = decltype(i);
+    constexpr int V = cuda::kVecElems<T>;
+    cuda::ConvForwardArgs<T, Idx> a{};
+    a.x = ptr<T>(xc);
+    a.weight = ptr<T>(wc);
+    fill_pair_args<T, Idx>(a, ii, oi, rp, sc, s, x.size(0), num_out);
+    a.out = reinterpret_cast<acc_t<T>*>(acc.mutable_data_ptr());
+    // Row offsets are multiples of cin_g (x) / cout_g (W), so those decide vector loads.
+    a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
+    a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
+    launch::forward_pairs<T, Idx>(a, rp, stream);
+  });
+}
+
 at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& in_index,
                                 const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                 const std::optional<at::Tensor>& scale, int64_t num_out,
@@ -209,43 +255,38 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
   if (neighbor_table.has_value()) {
     return relational_conv_table_cuda(x, weight, *neighbor_table, table_order, s, num_out, bias, relu);
   }
-  const auto acc = acc_dtype(x.scalar_type());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // float32/float64 accumulate straight into the output; half/bfloat16 into an fp32 buffer, cast at the end.
-  // The atomics kernel has no epilogue (an output is complete only when every block is done), so the
-  // accumulator starts from the bias: one write of it instead of a zero fill and a pass that adds the
-  // bias (on an AM-shaped R-GCN layer, 1.67M rows of 64 fp32 channels on an H200, 95 us instead of
+  // The accumulator starts from the bias: one write of it instead of a zero fill and a pass that adds
+  // the bias (on an AM-shaped R-GCN layer, 1.67M rows of 64 fp32 channels on an H200, 95 us instead of
   // 95 + 313 us). ReLU is a pass over the accumulator before its one rounding to x's dtype.
   const int64_t out_shape[] = {num_out, s.groups * s.cout_g};
-  at::Tensor out = bias.has_value() ? bias->to(acc).expand(out_shape).clone(at::MemoryFormat::Contiguous)
-                                    : memset_tensor(out_shape, x.options().dtype(acc), 0, stream);
-  const auto finish = [&] {
-    if (relu) out.relu_();
-    return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
-  };
-  if (s.num_pairs == 0 || num_out == 0 || s.cin_g == 0 || s.cout_g == 0 || s.num_relations == 0) {
-    return finish();
-  }
-  check_int32_channels(s);
-  const at::Tensor xc = x.contiguous(), wc = contiguous_weight(weight, stream);
-  const at::Tensor ii = in_index.contiguous(), oi = out_index.contiguous(), rp = rel_ptr.contiguous();
-  const std::optional<at::Tensor> sc = scale.has_value() ? std::optional(scale->contiguous()) : std::nullopt;
+  const auto acc_options = x.options().dtype(acc_dtype(x.scalar_type()));
+  at::Tensor out = bias.has_value() ? bias_rows(*bias, num_out, acc_options, stream)
+                                    : memset_tensor(out_shape, acc_options, 0, stream);
+  add_pairs(x, weight, in_index, out_index, rel_ptr, scale, s, num_out, out, stream);
+  if (relu) out.relu_();
+  return out.scalar_type() == x.scalar_type() ? out : out.to(x.scalar_type());
+}
 
-  dispatch_types(x.scalar_type(), in_index.scalar_type(), [&](auto t, auto i) {
-    using T = decltype(t);
-    using Idx = decltype(i);
-    constexpr int V = cuda::kVecElems<T>;
-    cuda::ConvForwardArgs<T, Idx> a{};
-    a.x = ptr<T>(xc);
-    a.weight = ptr<T>(wc);
-    fill_pair_args<T, Idx>(a, ii, oi, rp, sc, s, x.size(0), num_out);
-    a.out = reinterpret_cast<acc_t<T>*>(out.mutable_data_ptr());
-    // Row offsets are multiples of cin_g (x) / cout_g (W), so those decide vector loads.
-    a.vec_x = s.cin_g % V == 0 && aligned16(a.x);
-    a.vec_w = s.cout_g % V == 0 && aligned16(a.weight);
-    launch::forward_pairs<T, Idx>(a, rp, stream);
-  });
-  return finish();
+void relational_conv_add_cuda(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& in_index, const at::Tensor& out_index, const at::Tensor& rel_ptr,
+                              const std::optional<at::Tensor>& scale) {
+  const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
+  RELCONV_CHECK_VALUE(x.is_cuda(), "x must be a CUDA tensor, got ", x.device());
+  check_add_out(out, x, weight, s.groups * s.cout_g);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t num_out = out.size(0);
+  if (out.is_contiguous() && out.scalar_type() == acc_dtype(x.scalar_type())) {
+    add_pairs(x, weight, in_index, out_index, rel_ptr, scale, s, num_out, out, stream);
+    return;
+  }
+  // A half / bfloat16 or strided out: the sum in its own accumulator, added with one rounding.
+  const int64_t shape[] = {num_out, s.groups * s.cout_g};
+  at::Tensor acc = memset_tensor(shape, x.options().dtype(acc_dtype(x.scalar_type())), 0, stream);
+  add_pairs(x, weight, in_index, out_index, rel_ptr, scale, s, num_out, acc, stream);
+  out.copy_(acc.add_(out));
 }
 
 // ---------------------------------------------------------------- weight gradient
@@ -290,6 +331,7 @@ at::Tensor relational_conv_weight_grad_cuda(const at::Tensor& x, const at::Tenso
 
 TORCH_LIBRARY_IMPL(relconv, CUDA, m) {
   m.impl("relational_conv", &relational_conv_cuda);
+  m.impl("relational_conv_add_", &relational_conv_add_cuda);
   m.impl("relational_conv_weight_grad", &relational_conv_weight_grad_cuda);
 }
 

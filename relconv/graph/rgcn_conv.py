@@ -22,7 +22,7 @@ from relconv.core.relational_map import RelationalMap
 from relconv.graph.graph_map import AGGRS, RGCNMap
 from relconv.graph.map_cache import cached_rgcn_map
 from relconv.graph.slots import slot_sum
-from relconv.ops import ConvPlan, acc_dtype, plan, relational_conv
+from relconv.ops import ConvPlan, acc_dtype, adds_in_place, plan, relational_conv, relational_conv_add_
 
 NodeInput = Tensor | None
 """Float features [N, C], a 1-D integer tensor of node ids (featureless), or None (= all node ids)."""
@@ -146,12 +146,23 @@ class RGCNConv(MessagePassing):
         # the bias's dtype, as PyG's layer does.
         fused = features and self.bias is not None and self.bias.dtype == x_src.dtype
         fused_bias = self.bias if fused else None
+        root_done = False
         if not features:
             # The scale's precision follows the rows it multiplies: here weight rows.
             out = self._featureless(x_src, weight, graph, graph.pair_scale(edge_weight, weight.dtype))
         else:
-            out = self._propagate_features(x_src, weight, graph, edge_weight, fused_bias)
-        if self.root is not None:
+            groups = 1 if self.num_blocks is None else self.num_blocks
+            rows, rmap = self._transform_input(x_src, weight, graph, edge_weight, groups)
+            if self._root_first(x_dst, rows, weight, rmap, groups):
+                # The root transform (and bias) written first, the messages added onto it by the
+                # pair kernel: no accumulator of the messages' own, no fill, no pass that adds the
+                # two (an AM-shaped layer: a bias fill and an in-place GEMM become one GEMM).
+                out = x_dst @ self.root if fused_bias is None else torch.addmm(fused_bias, x_dst, self.root)
+                out = relational_conv_add_(out, rows, weight, rmap, groups)
+                root_done = True
+            else:
+                out = relational_conv(rows, weight, rmap, groups, bias=fused_bias)
+        if self.root is not None and not root_done:
             if x_dst is None:  # x=None: the targets are nodes 0..N-1, so root[x_dst] is root itself
                 out = out + self.root.to(out.dtype)
             elif x_dst.is_floating_point():
@@ -255,24 +266,41 @@ class RGCNConv(MessagePassing):
             return graph.conv_map(graph.pair_scale(edge_weight, x.dtype)), None
         return (slots.mean_map(x.dtype) if graph.aggr == "mean" else slots.slot_map), "sum"
 
-    def _propagate_features(
-        self, x: Tensor, weight: Tensor, graph: RGCNMap, edge_weight: Tensor | None, bias: Tensor | None
-    ) -> Tensor:
-        groups = 1 if self.num_blocks is None else self.num_blocks
+    def _transform_input(
+        self, x: Tensor, weight: Tensor, graph: RGCNMap, edge_weight: Tensor | None, groups: int
+    ) -> tuple[Tensor, RelationalMap]:
+        """The rows and the map the per-relation transform runs over: x itself over the edges, or
+        the slots' sums or maxima over the slot map (`_transform_map`)."""
         rmap, first = self._transform_map(graph, x, groups, edge_weight)
         if first is None:
-            return relational_conv(x, weight, rmap, groups, bias=bias)
+            return x, rmap
         if first == "sum":
             # One GEMM row per slot instead of per edge; the mean's 1/deg rides on the slot map.
-            rows = slot_sum(x, graph.slots, graph.edge_values(edge_weight, x.dtype))
-            return relational_conv(rows, weight, rmap, groups, bias=bias)
+            return slot_sum(x, graph.slots, graph.edge_values(edge_weight, x.dtype)), rmap
         # Max over each (target, relation) slot of the raw inputs, then one core call transforms the
         # slot rows (PyG aggregates before the per-relation matmul too).
         rows = x.index_select(0, graph.rmap.in_index)
         scale = graph.pair_scale(edge_weight, x.dtype)
         if scale is not None:
             rows = rows * scale.to(rows.dtype).unsqueeze(1)
-        return relational_conv(_slot_max(rows, graph), weight, rmap, groups, bias=bias)
+        return _slot_max(rows, graph), rmap
+
+    def _root_first(
+        self, x_dst: NodeInput, rows: Tensor, weight: Tensor, rmap: RelationalMap, groups: int
+    ) -> bool:
+        """Whether the root transform runs first and the messages are added onto it in place: an
+        inference call (nothing needs a gradient) with float target features in the rows' dtype, on
+        the pair kernel in that dtype (`adds_in_place`)."""
+        if self.root is None or x_dst is None or not x_dst.is_floating_point():
+            return False
+        dtype = rows.dtype
+        if x_dst.dtype != dtype or self.root.dtype != dtype:
+            return False
+        if torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (rows, weight, x_dst, self.root, self.bias)
+        ):
+            return False
+        return adds_in_place(rows, weight, rmap, groups)
 
     def _featureless(
         self, ids: Tensor | None, weight: Tensor, graph: RGCNMap, scale: Tensor | None

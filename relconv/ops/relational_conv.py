@@ -18,6 +18,7 @@ ACTIVATIONS = (None, "relu")
 
 _conv = torch.ops.relconv.relational_conv.default
 _weight_grad = torch.ops.relconv.relational_conv_weight_grad.default
+_conv_add = torch.ops.relconv.relational_conv_add_.default
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -227,6 +228,46 @@ def _bias_for(bias: object, x: Tensor, c_out: int) -> Tensor:
     return bias
 
 
+def relational_conv_add_(
+    out: Tensor, x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int = 1
+) -> Tensor:
+    """`out[o] += sum over pairs (i, o, r) of scale[p] * x[i] @ W[r]`, in place; returns `out`.
+
+    `relational_conv`'s pair path without an accumulator of its own, for an output that already
+    holds another term: on CUDA, with out in x's accumulation dtype (float32 / float64), the pair
+    kernel adds straight into it, so the sum costs no buffer, no fill and no pass that adds the two.
+    `adds_in_place` says when that is the call's fastest path. Not differentiable: raises when
+    autograd would need a gradient through it (use `relational_conv` and add).
+
+    Args:
+        out: [rmap.num_out, C_out] in x's dtype on x's device, sharing no memory with x or weight.
+        x, weight, rmap, groups: as `relational_conv` takes them.
+    """
+    if not isinstance(out, Tensor):
+        raise TypeError(f"out must be a Tensor, got {type(out).__name__}")
+    if torch.is_grad_enabled() and (out.requires_grad or x.requires_grad or weight.requires_grad):
+        raise RuntimeError(
+            "relational_conv_add_ is not differentiable: call it under torch.no_grad() or on tensors "
+            "that do not require grad, or use relational_conv and add its result"
+        )
+    args, _ = conv_call(x, weight, rmap, groups, Dataflow.FETCH_ON_DEMAND)
+    if out.dim() != 2 or out.shape[0] != rmap.num_out:
+        raise ValueError(f"out must have shape [num_out = {rmap.num_out}, C_out], got {_shape(out)}")
+    _conv_add(out, args.x, args.weight, args.in_index, args.out_index, args.rel_ptr, args.scale)
+    return out
+
+
+def adds_in_place(x: Tensor, weight: Tensor, rmap: RelationalMap, groups: int = 1) -> bool:
+    """Whether `relational_conv_add_(out, x, weight, rmap, groups)` is the fastest way to add the
+    sum onto a tensor: a CUDA call whose AUTO plan runs the pair kernel (not the table, whose
+    epilogue writes the output itself), in x's accumulation dtype, outside a compiled region."""
+    if not x.is_cuda or x.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling():
+        return False
+    c_in, c_out = _channels(weight)
+    dtype, table_fwd, _, _ = decide(rmap, x, Dataflow.AUTO, c_in // groups, c_out // groups, False, False)
+    return dtype == x.dtype and not table_fwd
+
+
 def relational_conv_weight_grad(x: Tensor, grad_out: Tensor, rmap: RelationalMap, groups: int = 1) -> Tensor:
     """`dW[r] = sum over pairs p of relation r of scale[p] * x[i]^T grad_out[o]`.
 
@@ -268,6 +309,11 @@ def _conv_fake(
             f"C_out/groups], got shape {tuple(weight.shape)}"
         )
     return x.new_empty((num_out, _channels(weight)[1]))
+
+
+@torch.library.register_fake("relconv::relational_conv_add_")
+def _conv_add_fake(out, x, weight, in_index, out_index, rel_ptr, scale):
+    return None
 
 
 @torch.library.register_fake("relconv::neighbor_table_order")
