@@ -191,9 +191,12 @@ class RGCNConv(MessagePassing):
         groups = 1 if self.num_blocks is None else self.num_blocks
         rmap, first = self._transform_map(graph, x, groups)
         conv_plan = plan(rmap, x, weight, groups, requires_grad=requires_grad, arch=arch)
-        if first is None:
-            return conv_plan
-        return replace(conv_plan, why=f"{conv_plan.why}; over the (target, relation) slots, {first} first")
+        why = conv_plan.why
+        if first is not None:
+            why += f"; over the (target, relation) slots, {first} first"
+        if arch is None and self._root_first(x, x, weight, rmap, groups, requires_grad):
+            why += "; the messages added onto the root transform (relational_conv_add_)"
+        return replace(conv_plan, why=why)
 
     def __repr__(self) -> str:
         name = self.__class__.__name__
@@ -286,21 +289,28 @@ class RGCNConv(MessagePassing):
         return _slot_max(rows, graph), rmap
 
     def _root_first(
-        self, x_dst: NodeInput, rows: Tensor, weight: Tensor, rmap: RelationalMap, groups: int
+        self,
+        x_dst: NodeInput,
+        rows: Tensor,
+        weight: Tensor,
+        rmap: RelationalMap,
+        groups: int,
+        requires_grad: bool | None = None,
     ) -> bool:
         """Whether the root transform runs first and the messages are added onto it in place: an
-        inference call (nothing needs a gradient) with float target features in the rows' dtype, on
-        the pair kernel in that dtype (`adds_in_place`)."""
+        inference call (nothing needs a gradient; `requires_grad` None: as grad mode and the
+        tensors say) with float target features in the rows' dtype, on the pair kernel in that
+        dtype (`adds_in_place`)."""
         if self.root is None or x_dst is None or not x_dst.is_floating_point():
             return False
         dtype = rows.dtype
         if x_dst.dtype != dtype or self.root.dtype != dtype:
             return False
-        if torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (rows, weight, x_dst, self.root, self.bias)
-        ):
-            return False
-        return adds_in_place(rows, weight, rmap, groups)
+        if requires_grad is None:
+            requires_grad = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (rows, weight, x_dst, self.root, self.bias)
+            )
+        return not requires_grad and adds_in_place(rows, weight, rmap, groups)
 
     def _featureless(
         self, ids: Tensor | None, weight: Tensor, graph: RGCNMap, scale: Tensor | None

@@ -11,7 +11,7 @@ import relconv.graph.graph_map as graph_map
 import relconv.graph.rgcn_conv as rgcn_conv
 from tests.graph.graphs import features, paired_layers, random_graph
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture
@@ -36,6 +36,8 @@ def _both_paths(layer, x, ei, et, **kwargs):
     return fast, slow.detach()
 
 
+@pytest.mark.cuda
+@needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("aggr", ["mean", "add", "max"])
 @pytest.mark.parametrize("bias", [True, False])
@@ -55,6 +57,8 @@ def test_inference_adds_the_messages_onto_the_root(adds, monkeypatch, dtype, agg
     torch.testing.assert_close(fast, slow, rtol=tol, atol=tol)
 
 
+@pytest.mark.cuda
+@needs_cuda
 def test_blocks_bipartite_and_edge_weights_agree(adds):
     ei, et = random_graph(50, 40, 600, 5, seed=3)
     ei, et = ei.cuda(), et.cuda()
@@ -71,6 +75,8 @@ def test_blocks_bipartite_and_edge_weights_agree(adds):
     assert len(adds) == 2
 
 
+@pytest.mark.cuda
+@needs_cuda
 def test_matches_pyg_in_inference():
     ref, ours = paired_layers(pyg_nn.RGCNConv, rg.RGCNConv, 10, 7, 4, aggr="mean")
     ref, ours = ref.cuda(), ours.cuda()
@@ -82,6 +88,8 @@ def test_matches_pyg_in_inference():
         torch.testing.assert_close(ours(x, ei.cuda(), et.cuda()), ref(x, ei.cuda(), et.cuda()))
 
 
+@pytest.mark.cuda
+@needs_cuda
 def test_half_precision_and_featureless_layers_keep_the_plain_path(adds):
     ei, et = random_graph(30, 30, 200, 4)
     ei, et = ei.cuda(), et.cuda()
@@ -90,3 +98,25 @@ def test_half_precision_and_featureless_layers_keep_the_plain_path(adds):
         layer.half()(features(30, 8, dtype=torch.float16).cuda(), ei, et)
         rg.RGCNConv(30, 8, 4).cuda()(None, ei, et)
     assert adds == []
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_the_plan_says_so():
+    ei, et = (t.cuda() for t in random_graph(40, 40, 300, 4))
+    layer = rg.RGCNConv(8, 8, 4).cuda()
+    x = features(40, 8).cuda()
+    said = "added onto the root transform"
+    assert said in layer.execution_plan(x, ei, et, requires_grad=False).why
+    assert said not in layer.execution_plan(x, ei, et, requires_grad=True).why
+    with torch.no_grad():
+        assert said in layer.execution_plan(x, ei, et).why
+    assert said not in layer.execution_plan(x, ei, et).why  # the parameters want gradients
+
+
+def test_a_cpu_layer_keeps_the_root_after_the_messages():
+    # The in-place addition pays only where the pair kernel would otherwise fill an accumulator.
+    ei, et = random_graph(40, 40, 300, 4)
+    layer = rg.RGCNConv(8, 8, 4)
+    with torch.no_grad():
+        assert "root transform" not in layer.execution_plan(features(40, 8), ei, et).why
