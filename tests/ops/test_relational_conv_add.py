@@ -138,3 +138,18 @@ def test_opcheck():
         (base.clone(), x, w, in_index, out_index, rel_ptr, rmap.scale.float()),
         test_utils=("test_schema", "test_faketensor"),
     )
+
+
+def test_a_voxel_map_built_as_a_table_and_torch_compile():
+    from relconv.voxel import submanifold_map
+
+    gen = torch.Generator().manual_seed(0)
+    xyz = torch.randint(0, 6, (50, 3), generator=gen)
+    coords = torch.unique(torch.cat([torch.zeros(50, 1, dtype=torch.long), xyz], 1), dim=0).int()
+    rmap = submanifold_map(coords, (3, 3, 3), (1, 1, 1), (1, 1, 1))
+    x, w = _rand((coords.shape[0], 8), torch.float32, "cpu", 1), _rand((27, 8, 4), torch.float32, "cpu", 2)
+    base = _rand((coords.shape[0], 4), torch.float32, "cpu", 3)
+    expected = base + relational_conv(x, w, rmap)
+    assert rel_error(relational_conv_add_(base.clone(), x, w, rmap), expected) < 1e-6
+    compiled = torch.compile(lambda o, x, w: relational_conv_add_(o, x, w, rmap), fullgraph=True)
+    assert rel_error(compiled(base.clone(), x, w), expected) < 1e-6
