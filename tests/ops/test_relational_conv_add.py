@@ -113,7 +113,7 @@ def test_out_must_be_a_tensor():
         relational_conv_add_([[0.0]], x, w, rmap)
 
 
-def test_adds_in_place_only_for_cuda_pair_calls_in_the_accumulation_dtype():
+def test_adds_in_place_is_false_on_the_cpu():
     rmap, x, w, _ = _case("cpu", torch.float32)
     assert not adds_in_place(x, w, rmap)  # the CPU gains nothing over adding afterwards
 
