@@ -21,10 +21,23 @@ constexpr int32_t kErrOutsideGrid = 8;
 struct GridAxis {
   int64_t scale, base, step, div, limit;
 
+  // div is 1 on one side of every map (no division) and the stride on the other; a negative
+  // numerator reaches nothing, and the rest divide in 32 bits while they fit (a 64-bit division is
+  // a long instruction sequence, and these kernels run a few per thread).
   __device__ __forceinline__ bool reach(int32_t c, int32_t r, int32_t& t) const {
     const int64_t num = c * scale + base + r * step;
-    const int64_t q = num / div;
-    if (q * div != num || q < 0 || q >= limit) return false;
+    if (num < 0) return false;
+    int64_t q = num;
+    if (div != 1) {
+      if (num <= UINT32_MAX) {
+        const auto u = static_cast<uint32_t>(num), d = static_cast<uint32_t>(div);
+        q = u / d;
+      } else {
+        q = num / div;
+      }
+      if (q * div != num) return false;
+    }
+    if (q >= limit) return false;
     t = static_cast<int32_t>(q);
     return true;
   }
@@ -85,35 +98,46 @@ __device__ __forceinline__ uint32_t hash_key(unsigned long long k) {
 }
 
 // Adds `key` to the open-addressing set (linear probing; the set never fills: the host sizes it
-// above the number of candidates).
+// above the number of candidates). Most inserts find their key already there (a coarse site is
+// reached from every input in its footprint), so a slot is read before it is claimed: a slot only
+// ever goes from empty to its final key, so a stale read shows empty and the CAS settles it.
 __device__ __forceinline__ void insert_key(unsigned long long* __restrict__ set, uint32_t mask, unsigned long long key) {
   uint32_t s = hash_key(key) & mask;
   while (true) {
-    const unsigned long long old = atomicCAS(set + s, kEmptyKey, key);
-    if (old == kEmptyKey || old == key) return;
+    unsigned long long seen = __ldcg(set + s);
+    if (seen == kEmptyKey) seen = atomicCAS(set + s, kEmptyKey, key);
+    if (seen == kEmptyKey || seen == key) return;
     s = (s + 1) & mask;
   }
 }
 
-// One thread per (input row, kernel index), the index fastest: every output site an input reaches
-// goes into the key set, and the index-0 thread of each row inserts the row into the input hash
-// (`slots`, which the table kernel reads; duplicates clear kErrDuplicate). Rows outside the input
-// grid clear kErrOutsideGrid and reach nothing.
+// One thread per input row: the row goes into the input hash (`slots`, which the table kernel
+// reads; duplicates clear kErrDuplicate), and every output site it reaches into the key set, the
+// kernel indices walked axis by axis so that an axis index that reaches nothing prunes its whole
+// slab (a 3^3 stride-2 kernel: 21 axis steps for at most 8 sites, against 27 full tests). Rows
+// outside the input grid clear kErrOutsideGrid and reach nothing.
 __global__ void grid_sites_kernel(const int32_t* __restrict__ coords, int64_t n, GridBounds bounds, GridStep step,
                                   int32_t* __restrict__ slots, SlotLayout layout, SiteKeys keys,
                                   unsigned long long* __restrict__ set, uint32_t mask, int32_t* __restrict__ error) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= n * step.volume) return;
-  const int64_t i = t / step.volume;
-  const auto r = static_cast<int32_t>(t - i * step.volume);
-  if (r == 0) insert_row(coords, i, slots, layout, error);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  insert_row(coords, i, slots, layout, error);
   const Coord c = load_coord(coords, i);
   if (!bounds.contains(c)) {
-    if (r == 0) atomicAnd(error, ~kErrOutsideGrid);
+    atomicAnd(error, ~kErrOutsideGrid);
     return;
   }
   Coord o;
-  if (step.reach(c, r, o)) insert_key(set, mask, keys.key(o));
+  o.b = c.b;
+  for (int32_t r0 = 0; r0 < step.size[0]; ++r0) {
+    if (!step.axis[0].reach(c.x, r0, o.x)) continue;
+    for (int32_t r1 = 0; r1 < step.size[1]; ++r1) {
+      if (!step.axis[1].reach(c.y, r1, o.y)) continue;
+      for (int32_t r2 = 0; r2 < step.size[2]; ++r2) {
+        if (step.axis[2].reach(c.z, r2, o.z)) insert_key(set, mask, keys.key(o));
+      }
+    }
+  }
 }
 
 struct IsSiteKey {
@@ -129,12 +153,13 @@ __global__ void site_coords_kernel(const unsigned long long* __restrict__ sorted
 
 // table[m, r] = the input row that output site m reads through kernel index r, or -1. One thread per
 // entry, r fastest (a warp writes consecutive entries and re-reads one site from cache).
+// The host keeps m * volume below 2^31, so the entry index splits in 32 bits.
 __global__ void grid_table_kernel(HashView in, const int32_t* __restrict__ sites, int64_t m, GridStep back,
                                   int32_t* __restrict__ table) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= m * back.volume) return;
-  const int64_t o = t / back.volume;
-  const auto r = static_cast<int32_t>(t - o * back.volume);
+  const uint32_t o = t / static_cast<uint32_t>(back.volume);
+  const auto r = static_cast<int32_t>(t - o * static_cast<uint32_t>(back.volume));
   Coord q;
   table[t] = back.reach(load_coord(sites, o), r, q) ? in.find(q) : -1;
 }

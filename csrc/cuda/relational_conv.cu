@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <type_traits>
 
@@ -110,11 +111,20 @@ at::Tensor bias_rows(const at::Tensor& bias, int64_t num_out, const at::TensorOp
   const int64_t total = out.numel();
   if (total == 0) return out;
   const at::Tensor b = bias.contiguous();
+  // A few blocks per SM, their threads a multiple of a row's 16-byte chunks where whole chunks tile
+  // a row: every thread then stores one chunk of bias values, read once, on each row it visits.
   const int64_t chunks = (total * out.element_size() + 15) / 16;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((chunks + 255) / 256, 1 << 16));
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int64_t blocks = std::max<int64_t>(std::min<int64_t>((chunks + 255) / 256, 8 * sms), 1);
+  if (cols * out.element_size() % 16 == 0) {
+    const int64_t per_row = cols * out.element_size() / 16;
+    const int64_t step = per_row / std::gcd(per_row, int64_t{256});  // blocks whose threads tile rows
+    if (step <= (1 << 16)) blocks = (blocks + step - 1) / step * step;
+  }
+  blocks = std::min<int64_t>(blocks, 1 << 16);
   dispatch_types(bias.scalar_type(), at::kInt, [&](auto t, auto) {
     using T = decltype(t);
-    cuda::fill_bias_rows<T><<<blocks, 256, 0, stream>>>(ptr<T>(b), cols, total,
+    cuda::fill_bias_rows<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(ptr<T>(b), cols, total,
                                                         reinterpret_cast<acc_t<T>*>(out.mutable_data_ptr()));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
