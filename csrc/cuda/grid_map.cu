@@ -136,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor> grid_conv_map_cuda(const at::Tensor& coords, 
   auto* selected = reinterpret_cast<unsigned long long*>(base + at_selected);
   const int32_t* rows = c.const_data_ptr<int32_t>();
   const cuda::SlotLayout layout = cuda::SlotLayout::of_capacity(in_capacity);
-  cuda::grid_sites_kernel<<<blocks_for(n), cuda::kMapThreads, 0, stream>>>(
+  cuda::grid_sites_kernel<<<blocks_for(n * volume), cuda::kMapThreads, 0, stream>>>(
       rows, n, bounds, forward, slots, layout, keys, set, static_cast<uint32_t>(key_capacity - 1), words + 1);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   select(base + at_temp, set, selected, words);

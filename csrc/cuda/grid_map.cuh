@@ -111,33 +111,27 @@ __device__ __forceinline__ void insert_key(unsigned long long* __restrict__ set,
   }
 }
 
-// One thread per input row: the row goes into the input hash (`slots`, which the table kernel
-// reads; duplicates clear kErrDuplicate), and every output site it reaches into the key set, the
-// kernel indices walked axis by axis so that an axis index that reaches nothing prunes its whole
-// slab (a 3^3 stride-2 kernel: 21 axis steps for at most 8 sites, against 27 full tests). Rows
-// outside the input grid clear kErrOutsideGrid and reach nothing.
+// One thread per (input row, kernel index), the index fastest (the host keeps n * volume below 2^31,
+// so the thread index splits in 32 bits): every output site an input reaches goes into the key set,
+// and the index-0 thread of each row inserts the row into the input hash (`slots`, which the table
+// kernel reads; duplicates clear kErrDuplicate). Rows outside the input grid clear kErrOutsideGrid
+// and reach nothing. A thread per row walking its kernel indices took longer on every backbone's
+// maps but one: its inserts wait on each other.
 __global__ void grid_sites_kernel(const int32_t* __restrict__ coords, int64_t n, GridBounds bounds, GridStep step,
                                   int32_t* __restrict__ slots, SlotLayout layout, SiteKeys keys,
                                   unsigned long long* __restrict__ set, uint32_t mask, int32_t* __restrict__ error) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  insert_row(coords, i, slots, layout, error);
+  const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n * step.volume) return;
+  const uint32_t i = t / static_cast<uint32_t>(step.volume);
+  const auto r = static_cast<int32_t>(t - i * static_cast<uint32_t>(step.volume));
+  if (r == 0) insert_row(coords, i, slots, layout, error);
   const Coord c = load_coord(coords, i);
   if (!bounds.contains(c)) {
-    atomicAnd(error, ~kErrOutsideGrid);
+    if (r == 0) atomicAnd(error, ~kErrOutsideGrid);
     return;
   }
   Coord o;
-  o.b = c.b;
-  for (int32_t r0 = 0; r0 < step.size[0]; ++r0) {
-    if (!step.axis[0].reach(c.x, r0, o.x)) continue;
-    for (int32_t r1 = 0; r1 < step.size[1]; ++r1) {
-      if (!step.axis[1].reach(c.y, r1, o.y)) continue;
-      for (int32_t r2 = 0; r2 < step.size[2]; ++r2) {
-        if (step.axis[2].reach(c.z, r2, o.z)) insert_key(set, mask, keys.key(o));
-      }
-    }
-  }
+  if (step.reach(c, r, o)) insert_key(set, mask, keys.key(o));
 }
 
 struct IsSiteKey {

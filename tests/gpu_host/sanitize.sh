@@ -28,14 +28,16 @@ PYTEST=(python -m pytest -q -p no:cacheprovider -m cuda -W ignore::UserWarning)
 # (scalar and vector loads), the weight gradient's 128-wide pipelined tiles (16-bit and exact fp32),
 # the voxel map builders, the graph map builder (typed_edge_map, hubs and out-of-range input) and
 # the sparse row sum (csr_row_sum: vector and element paths, empty rows, chunked long rows), the pair
-# sum added in place (relational_conv_add_: every dtype, a strided out) and the pair path's bias rows.
+# sum added in place (relational_conv_add_: every dtype, a strided out), the pair path's bias rows and
+# the grid conv map (spconv's strided layers: regular and transposed, 2-D, bad coordinates).
 MEDIUM_FILES=(tests/ops/test_relational_conv_cuda.py tests/ops/test_weight_grad_cuda.py tests/voxel/test_kernel_map_cuda.py
               tests/graph/test_device_map.py tests/ops/test_csr_row_sum.py tests/ops/test_relational_conv_add.py
-              tests/ops/test_conv_epilogue.py)
+              tests/ops/test_conv_epilogue.py tests/voxel/test_grid_map.py)
 MEDIUM_K="test_cpu_cuda_parity and (16-16-1 or 32-48-4) or test_neighbor_table_forward_and_gradients and (3-17-1-torch.int32 or 64-64-2-torch.int64) or test_weight_grad_matches_reference and 128-128-1 and int32 or test_submanifold_matches_reference and dilation0-1-kernel0 or test_strided_matches_reference and dilation0-1-2-kernel1 or test_transposed_table or test_empty_and_single_voxel"
 MEDIUM_K+=" or test_same_map_as_the_cpu_build or test_same_map_on_hubs or test_out_of_range_raises_like"
 MEDIUM_K+=" or test_long_rows_match or test_unaligned_features or test_empty_rows_and_empty or test_entries_out_of_range_are_skipped or test_matches_the_dense_product and (3-torch.int32 or 64-torch.int64)"
 MEDIUM_K+=" or test_adds_the_sum_onto_out and cuda or test_a_strided_out_is_updated_in_place and cuda or test_cuda_pair_path_epilogue_matches_unfused"
+MEDIUM_K+=" or test_grid_op_equals_the_torch_builder or test_grid_op_errors_name_the_problem"
 MEDIUM=("${MEDIUM_FILES[@]}" -k "$MEDIUM_K")
 # racecheck instruments every shared-memory access (minutes per test): the tensor-core pair path and
 # SIMT pair path (forward, input and weight gradients) and the tensor-core neighbour-table path.
