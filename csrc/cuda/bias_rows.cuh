@@ -1,7 +1,9 @@
 // The pair path's accumulator filled with the bias (relational_conv.cu, bias_rows): every row a copy
 // of the bias in the accumulation dtype. aten's copy of the expanded bias reads it through a
 // broadcast TensorIterator at about 1.7 TB/s (252 us for 1.67M rows of 64 fp32 channels on an
-// H200); this kernel stores 16 bytes a thread (186 us; a memset of the same buffer takes 95).
+// H200); this kernel stores 16 bytes a thread, each thread one chunk of bias columns kept in
+// registers (100 us, against 184 when every chunk worked out its columns with a 64-bit modulo; a
+// memset of the same buffer takes 95).
 #pragma once
 
 #include <cstdint>
