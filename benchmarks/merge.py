@@ -5,8 +5,9 @@
 A later directory's rows for a case replace all earlier rows of that case (a re-run may have
 fewer implementations, e.g. where a crash row stood before). The environment
 is the first run's, with every run's peers and ceilings kept under "runs"; a directory that is
-itself a merge (benchmarks/results) contributes its own runs, so new runs extend the list. Plots
-and the table are redrawn from the merged rows.
+itself a merge (benchmarks/results) contributes its own runs, so new runs extend the list. Every
+row keeps the GPU it ran on under "gpu" (its run's device), so that tables can say which rows come
+from another card than the environment's. Plots and the table are redrawn from the merged rows.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         fresh: dict[str, list[dict]] = {}
         for row in data["rows"]:
+            row.setdefault("gpu", data["environment"]["device"])
             fresh.setdefault(row["case"], []).append(row)
         rows.update(fresh)
     merged = dict(env, runs=runs)

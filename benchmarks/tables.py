@@ -15,6 +15,7 @@ host-free ratio where both sides have it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
@@ -106,16 +107,30 @@ def comparisons(rows: list[dict]) -> dict[str, Comparison]:
 
 
 def label(row: dict) -> str:
-    """A case in words, e.g. `subm 3³ C64 fp16, cached map, fwd+bwd (64-beam scan)`."""
+    """A case in words, e.g. `subm 3³ C64 fp16, cached map, fwd+bwd (64-beam scan)`; a row measured
+    on another card than the results' environment names it, e.g. `(AIFB, H200)`."""
+    card = f", {_card(row['gpu'])}" if row.get("gpu") and row["gpu"] != _main_gpu() else ""
     if row["suite"] == "graph":
         what = "2-layer R-GCN" if row["kind"] == "rgcn2" else f"R-GCN layer C{row['C']} {row['aggr']}"
-        return f"{what} {row['dtype']}, {row['map']} graph, {row['pass']} ({row['graph']})"
+        return f"{what} {row['dtype']}, {row['map']} graph, {row['pass']} ({row['graph']}{card})"
     where = WORKLOADS.get(row["workload"]) or _scene(row["workload"])
     if row["kind"] == "e2e":
         mode = "inference" if row["mode"] == "infer" else "training step"
-        return f"MinkUNet {row['width']} {mode} {row['dtype']} ({where})"
+        return f"MinkUNet {row['width']} {mode} {row['dtype']} ({where}{card})"
     op = OPS.get(row["op"], row["op"])
-    return f"{op} C{row['C']} {row['dtype']}, {row['map']} map, {row['pass']} ({where})"
+    return f"{op} C{row['C']} {row['dtype']}, {row['map']} map, {row['pass']} ({where}{card})"
+
+
+@functools.cache
+def _main_gpu(path: Path = RESULTS) -> str:
+    """The card of the results' environment (its first run's)."""
+    return json.loads(path.read_text())["environment"]["device"]
+
+
+def _card(device: str) -> str:
+    """A GPU's model, e.g. `H200` for `NVIDIA H200`."""
+    m = re.search(r"\b[A-Z]{1,2}\d{2,4}\b", device)
+    return m.group(0) if m else device
 
 
 def _scene(name: str) -> str:
@@ -193,7 +208,9 @@ def environment(path: Path = RESULTS) -> str:
             if info["available"]:
                 peers[name] = info["version_or_reason"]
     versions = ", ".join(f"{PEER_NAMES.get(n, n)} {v}" for n, v in sorted(peers.items()))
-    return f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}; peers: {versions}."
+    others = sorted({r["gpu"] for r in load(path) if r.get("gpu") and r["gpu"] != env["device"]})
+    marked = "".join(f" (rows marked {_card(g)}: {g})" for g in others)
+    return f"{env['device']}{marked}, torch {env['torch']}, CUDA {env['cuda']}; peers: {versions}."
 
 
 def family_cases(path: Path = FAMILY_RESULTS) -> str:

@@ -37,3 +37,12 @@ def test_generated_blocks_match_the_results(doc):
 def test_an_unknown_block_is_an_error():
     with pytest.raises(ValueError, match="unknown table block 'nope'"):
         tables.render("<!-- tables:nope -->\nx\n<!-- /tables:nope -->", {})
+
+
+def test_a_row_from_another_card_names_it(monkeypatch):
+    monkeypatch.setattr(tables, "_main_gpu", lambda: "NVIDIA H100 80GB HBM3")
+    row = {"suite": "graph", "kind": "layer", "C": 16, "aggr": "add", "dtype": "fp32", "map": "fresh"}
+    row |= {"pass": "fwd", "graph": "AIFB"}
+    assert tables.label(row | {"gpu": "NVIDIA H200"}).endswith("(AIFB, H200)")
+    assert tables.label(row | {"gpu": "NVIDIA H100 80GB HBM3"}).endswith("(AIFB)")
+    assert tables.label(row).endswith("(AIFB)")  # rows of an unmerged run carry no card
