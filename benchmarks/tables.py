@@ -201,14 +201,15 @@ def narrow(comps: dict[str, Comparison]) -> str:
 
 def environment(path: Path = RESULTS) -> str:
     """The GPU, torch and every peer that ran, from the merged runs' environments."""
-    env = json.loads(path.read_text())["environment"]
+    data = json.loads(path.read_text())
+    env = data["environment"]
     peers: dict[str, str] = {}
     for run_env in [env, *(run["environment"] for run in env.get("runs", []))]:
         for name, info in run_env["peers"].items():
             if info["available"]:
                 peers[name] = info["version_or_reason"]
     versions = ", ".join(f"{PEER_NAMES.get(n, n)} {v}" for n, v in sorted(peers.items()))
-    others = sorted({r["gpu"] for r in load(path) if r.get("gpu") and r["gpu"] != env["device"]})
+    others = sorted({r["gpu"] for r in data["rows"] if r.get("gpu") and r["gpu"] != env["device"]})
     marked = "".join(f" (rows marked {_card(g)}: {g})" for g in others)
     return f"{env['device']}{marked}, torch {env['torch']}, CUDA {env['cuda']}; peers: {versions}."
 
