@@ -34,6 +34,9 @@ _ABSENT_PAIRS: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor, Tens
 # 75k rows C128 176 -> 119 (58), 130k C64 125 -> 94 (63), 171k C64 155 -> 115 (66) and C128 399 ->
 # 218, 3.5M C64 3422 -> 2187 (386): one layer's sort pays from about 350k rows at C64 and 90k at
 # C128, i.e. this much work; a map's uses add up to it (python -m benchmarks.run --suite voxel).
+# Re-measured on an H200 layer by layer (python -m benchmarks.sort_rule; docs/performance.md, "The
+# table sort of a fresh map"), with a rule on rows * sqrt(C_in * C_out) beside it, which fitted
+# the single layers better and made MinkUNet's GPU time 2-4% longer on the smaller scenes.
 SORT_WORK = 1.5e9
 
 
