@@ -9,10 +9,10 @@ faster; then the order op's own kernels per scene. A calibration aid, not a benc
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
+from benchmarks.harness.timing import TimingConfig, measure
 from benchmarks.profile_voxel import kernel_times
 from benchmarks.workloads.voxels import load_scene
 
@@ -22,28 +22,9 @@ SCENES = (
 )
 
 
-def wall_ms(fn, calls: int = 30, blocks: int = 5, queued: int = 20) -> tuple[float, float]:
-    """(median latency of one synchronised call, median per-call time of `queued` queued calls)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-
-    def timed(n: int) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / n
-
-    latency = statistics.median(timed(1) for _ in range(calls))
-    return latency, statistics.median(timed(queued) for _ in range(blocks))
-
-
 def fresh_layer_times(conv, feats, coords, threshold: float) -> tuple[float, float, float]:
     """(GPU us, latency ms, queued ms) of `conv` over a map built in each call, with SORT_WORK at
-    `threshold`."""
+    `threshold`: the profiler's kernel time, and the harness's median latency and queued time."""
     from relconv.ops import map_views
     from relconv.voxel import VoxelTensor
 
@@ -54,7 +35,8 @@ def fresh_layer_times(conv, feats, coords, threshold: float) -> tuple[float, flo
             def call():
                 return conv(VoxelTensor(feats, coords))
 
-            return sum(t for _, t in kernel_times(call).values()), *wall_ms(call)
+            wall = measure(lambda _: call(), [None], feats.device, TimingConfig(runs=30))
+            return sum(t for _, t in kernel_times(call).values()), wall.latency_ms, wall.throughput_ms
     finally:
         map_views.SORT_WORK = rule
 
