@@ -36,6 +36,8 @@ enum class Config : int {
   kTableMmaWide128,
   kTableMmaWide256,
   // mma.sync table forward, 64-byte K steps in 4 stages.
+  kTableMmaTall96,
+  kTableMmaWide96,
   kTableMma16,
   kTableMma32,
   kTableMma64,
@@ -85,6 +87,8 @@ constexpr TileShape tiles(Config c, int bytes) {
     case Config::kWgmma64: return {128, 64, 64, 0, 0, 3};
     case Config::kTableMmaTall64: return {128, 64, wide_k, 32, 32, 2};
     case Config::kTableMmaWide64: return {64, 64, wide_k, 32, 32, 2};
+    case Config::kTableMmaTall96: return {128, 96, narrow_k, 32, 32, 4};
+    case Config::kTableMmaWide96: return {64, 96, narrow_k, 32, 32, 4};
     case Config::kTableMmaWide128: return {128, 128, wide_k, 64, 32, 2};
     case Config::kTableMmaWide256: return {128, 128, wide_k, 32, 64, 2};
     case Config::kTableMma16: return {64, 16, narrow_k, 16, 16, 4};
@@ -127,6 +131,8 @@ constexpr const char* config_name(Config c) {
     case Config::kWgmma64: return "wgmma_64";
     case Config::kTableMmaTall64: return "table_mma_tall_64";
     case Config::kTableMmaWide64: return "table_mma_wide_64";
+    case Config::kTableMmaTall96: return "table_mma_tall_96";
+    case Config::kTableMmaWide96: return "table_mma_wide_96";
     case Config::kTableMmaWide128: return "table_mma_wide_128";
     case Config::kTableMmaWide256: return "table_mma_wide_256";
     case Config::kTableMma16: return "table_mma_16";
@@ -168,6 +174,8 @@ constexpr const char* family_name(Config c) {
     case Config::kWgmma64: return "table_wgmma";
     case Config::kTableMmaTall64:
     case Config::kTableMmaWide64:
+    case Config::kTableMmaTall96:
+    case Config::kTableMmaWide96:
     case Config::kTableMmaWide128:
     case Config::kTableMmaWide256:
     case Config::kTableMma16:
@@ -345,6 +353,13 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
   if (p.cin_g >= 64 && p.cout_g > 32) {
     if (p.cout_g <= 64 && p.num_out >= kTallTileRows) return table_mma(p, dev, Config::kTableMmaTall64, false);
     if (p.cout_g <= 64) return table_mma(p, dev, Config::kTableMmaWide64, false);
+    // C_out_g 65-96 (Pointcept's SpUNet decoder, C96): 96-wide tiles of 32 x 32 warp tiles, 128
+    // rows from kTallTileRows on, else 64, in 64-byte K steps, so that C_in_g 96, 128 and 160 (its
+    // concatenated skips) fill whole tiles. A 128-wide tile left a quarter of every mma and B slab
+    // padding, and C96 ran the general kernel (182 registers a thread: one CTA per SM).
+    if (p.cout_g <= 96) {
+      return table_mma(p, dev, p.num_out >= kTallTileRows ? Config::kTableMmaTall96 : Config::kTableMmaWide96, false);
+    }
     // Past C_out 64, 8-warp 128 x 128 tiles: C128 64 x 32 warp tiles 119 / 63 us against 129 / 69
     // for 4-warp 64 x 128; C256 32 x 64 warp tiles 323 / 181 against 357 / 178 (64-beam / real).
     if (p.cout_g <= 128) return table_mma(p, dev, Config::kTableMmaWide128, false);

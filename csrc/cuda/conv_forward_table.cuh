@@ -211,8 +211,8 @@ constexpr int kRowsLd = kRelChunk + 1;
 template <int BM, int kThreads, typename T, typename Idx>
 __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& a, const int64_t* s_out, int64_t c0,
                                                    int32_t* s_rows, RelationChunk& chunk) {
-  static_assert(BM * kRelChunk % kThreads == 0, "every thread copies the same number of entries");
-  constexpr int kPerThread = BM * kRelChunk / kThreads;
+  // Entries per thread; with 6 or 12 warps (the 96-wide tiles) the last round is partial.
+  constexpr int kEntries = BM * kRelChunk, kPerThread = (kEntries + kThreads - 1) / kThreads;
   const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
   if (threadIdx.x == 0) chunk.busy = 0;
   __syncthreads();
@@ -225,6 +225,7 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
 #pragma unroll 4
     for (int it = 0; it < kPerThread; ++it) {
       const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
+      if (kEntries % kThreads != 0 && idx >= kEntries) break;
       const int64_t o = j < width ? s_out[i] : -1;
       cp_async_small<4>(s_rows + i * kRowsLd + j, o >= 0 ? a.table + o * a.num_relations + c0 + j : a.table, o >= 0);
       if (o >= 0) copied |= 1u << it;
@@ -234,6 +235,7 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
 #pragma unroll 8
     for (int it = 0; it < kPerThread; ++it) {
       const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
+      if (kEntries % kThreads != 0 && idx >= kEntries) break;
       int32_t& v = s_rows[i * kRowsLd + j];
       const bool in = (copied >> it & 1u) && v >= 0 && v < a.num_in;
       if (!in) v = -1;
@@ -243,6 +245,7 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
 #pragma unroll 4
     for (int it = 0; it < kPerThread; ++it) {
       const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
+      if (kEntries % kThreads != 0 && idx >= kEntries) break;
       const int64_t o = j < width ? s_out[i] : -1;
       const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
       const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;  // num_in fits int32

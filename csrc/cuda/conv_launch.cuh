@@ -253,6 +253,8 @@ bool forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool allow_tf3
     break;
       RELCONV_TABLE_MMA(kTableMmaTall64)
       RELCONV_TABLE_MMA(kTableMmaWide64)
+      RELCONV_TABLE_MMA(kTableMmaTall96)
+      RELCONV_TABLE_MMA(kTableMmaWide96)
       RELCONV_TABLE_MMA(kTableMmaWide128)
       RELCONV_TABLE_MMA(kTableMmaWide256)
       RELCONV_TABLE_MMA(kTableMma16)

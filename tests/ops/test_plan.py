@@ -26,6 +26,11 @@ TABLE_CASES = [
     ("float16", H100, 64, 64, 75_000, {}, "table_mma_wide_64"),
     # ... and takes 128 x 64 tiles from it on.
     ("float16", H100, 64, 64, 171_000, {}, "table_mma_tall_64"),
+    # C_out_g 65-96: 96-wide tiles, 64 rows below kTallTileRows and 128 from it on (on sm_90a too,
+    # where the wgmma kernels take multiples of 64 only).
+    ("float16", H100, 96, 96, 75_000, {}, "table_mma_wide_96"),
+    ("bfloat16", H100, 160, 96, 273_000, {}, "table_mma_tall_96"),
+    ("float32", A100, 64, 80, 75_000, {"allow_tf32": True}, "table_mma_wide_96"),
     # C_out_g multiples of 128 on sm_90a: the persistent wgmma kernel where no relation split pays.
     ("float16", H100, 128, 128, 75_000, {}, "wgmma_persistent_128"),
     ("bfloat16", H100, 256, 256, 20_000, {}, "wgmma_persistent_256"),
@@ -61,6 +66,13 @@ def test_table_choice_details():
         and tall["tiles"] == (128, 64, 64, 32, 32, 2)
         and tall["whole_tiles"]
     )
+    c96 = choose("table", "float16", cin_g=96, cout_g=96, num_in=273_000, num_out=273_000, num_relations=27)
+    assert c96["tiles"] == (128, 96, 32, 32, 32, 4) and c96["whole_tiles"]
+    # 32-wide K steps: C_in_g 160 (a concatenated skip) fills whole tiles too, C_out_g 80 does not.
+    c160 = choose("table", "float16", cin_g=160, cout_g=96, num_in=75_000, num_out=75_000, num_relations=27)
+    assert c160["tiles"] == (64, 96, 32, 32, 32, 4) and c160["whole_tiles"]
+    c80 = choose("table", "float16", cin_g=64, cout_g=80, num_in=75_000, num_out=75_000, num_relations=27)
+    assert c80["config"] == "table_mma_wide_96" and not c80["whole_tiles"]
     small = choose("table", "float16", cin_g=128, cout_g=128, num_in=1000, num_out=1000, num_relations=27)
     assert small["split"] == 4  # 8 row tiles on 132 SMs: four CTAs per tile in one cluster
     tf32 = choose(
