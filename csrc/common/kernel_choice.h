@@ -348,18 +348,23 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
     const TableChoice w = wgmma_table(p, dev, sm90a_built);
     if (w.config != Config::kNone) return w;
   }
+  // C_out_g 65-96 (Pointcept's SpUNet decoder, C96): 96-wide tiles of 32 x 32 warp tiles, 128
+  // rows from kTallTileRows on, else 64, in 64-byte K steps, so that C_in_g 96, 128 and 160 (its
+  // concatenated skips) fill whole tiles. 128-wide tiles left a quarter of every mma and B slab
+  // padding, and C96 ran the general kernel (182 registers a thread: one CTA per SM); H200, cached
+  // subm 3^3 fp16, kernel us, C96 -> 96: 64-beam scan 134 -> 61, room-3cm 1070 -> 468.
+  if (p.cout_g > 64 && p.cout_g <= 96) {
+    return table_mma(p, dev, p.num_out >= kTallTileRows ? Config::kTableMmaTall96 : Config::kTableMmaWide96, false);
+  }
   // C_in >= 64: 64-wide K steps (128 bytes) in 2 stages beat 3 stages, 32-wide steps and 128-row
-  // tiles (C64 51 / 29 us against 55 / 32 in 3 stages, 64 / 40 in 128-row tiles, 64-beam / real).
-  if (p.cin_g >= 64 && p.cout_g > 32) {
+  // tiles (C64 51 / 29 us against 55 / 32 in 3 stages, 64 / 40 in 128-row tiles, 64-beam / real),
+  // where they fill whole tiles. A C_in_g that only 32-wide steps divide (96, 160: the input
+  // gradient of a C96 layer) takes the 64-byte-step tiles below, whole, over the general kernel.
+  const int64_t wide_k = 128 / element_bytes(p.dtype), narrow_k = wide_k / 2;
+  const bool narrow_whole = p.cin_g % wide_k != 0 && p.cin_g % narrow_k == 0;
+  if (p.cin_g >= 64 && p.cout_g > 32 && !narrow_whole) {
     if (p.cout_g <= 64 && p.num_out >= kTallTileRows) return table_mma(p, dev, Config::kTableMmaTall64, false);
     if (p.cout_g <= 64) return table_mma(p, dev, Config::kTableMmaWide64, false);
-    // C_out_g 65-96 (Pointcept's SpUNet decoder, C96): 96-wide tiles of 32 x 32 warp tiles, 128
-    // rows from kTallTileRows on, else 64, in 64-byte K steps, so that C_in_g 96, 128 and 160 (its
-    // concatenated skips) fill whole tiles. A 128-wide tile left a quarter of every mma and B slab
-    // padding, and C96 ran the general kernel (182 registers a thread: one CTA per SM).
-    if (p.cout_g <= 96) {
-      return table_mma(p, dev, p.num_out >= kTallTileRows ? Config::kTableMmaTall96 : Config::kTableMmaWide96, false);
-    }
     // Past C_out 64, 8-warp 128 x 128 tiles: C128 64 x 32 warp tiles 119 / 63 us against 129 / 69
     // for 4-warp 64 x 128; C256 32 x 64 warp tiles 323 / 181 against 357 / 178 (64-beam / real).
     if (p.cout_g <= 128) return table_mma(p, dev, Config::kTableMmaWide128, false);
@@ -446,7 +451,10 @@ constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& de
   const bool narrow = (p.cin_g <= 32 && p.cout_g <= 32) || (pipelined && !p.vec_x),
              wide = p.cin_g >= 128 && p.cout_g >= 128;
   if (pipelined && (is_16bit(p.dtype) || p.allow_tf32)) {
-    return narrow ? Config::kWeightGradMma32 : wide ? Config::kWeightGradMma128 : Config::kWeightGradMma64;
+    // Past 64 channels each way (C96 -> 96: 64 x 64 tiles cover 128 x 128 as four), the 128 x 128
+    // tile does the same mma work and gathers each pair's rows once.
+    const bool wide_mma = p.cin_g > 64 && p.cout_g > 64;
+    return narrow ? Config::kWeightGradMma32 : wide_mma ? Config::kWeightGradMma128 : Config::kWeightGradMma64;
   }
   if (pipelined) {
     return narrow ? Config::kWeightGradExact32 : wide ? Config::kWeightGradExact128 : Config::kWeightGradExact64;

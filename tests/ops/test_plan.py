@@ -31,6 +31,9 @@ TABLE_CASES = [
     ("float16", H100, 96, 96, 75_000, {}, "table_mma_wide_96"),
     ("bfloat16", H100, 160, 96, 273_000, {}, "table_mma_tall_96"),
     ("float32", A100, 64, 80, 75_000, {"allow_tf32": True}, "table_mma_wide_96"),
+    # C_in_g 96 (the input gradient of a C96 layer): 32-wide K steps, whose tiles it fills.
+    ("float16", H100, 96, 128, 273_000, {}, "table_mma_128"),
+    ("float16", H100, 96, 64, 273_000, {}, "table_mma_64"),
     # C_out_g multiples of 128 on sm_90a: the persistent wgmma kernel where no relation split pays.
     ("float16", H100, 128, 128, 75_000, {}, "wgmma_persistent_128"),
     ("bfloat16", H100, 256, 256, 20_000, {}, "wgmma_persistent_256"),
@@ -73,6 +76,8 @@ def test_table_choice_details():
     assert c160["tiles"] == (64, 96, 32, 32, 32, 4) and c160["whole_tiles"]
     c80 = choose("table", "float16", cin_g=64, cout_g=80, num_in=75_000, num_out=75_000, num_relations=27)
     assert c80["config"] == "table_mma_wide_96" and not c80["whole_tiles"]
+    dgrad = choose("table", "float16", cin_g=96, cout_g=128, num_in=75_000, num_out=75_000, num_relations=27)
+    assert dgrad["whole_tiles"] and dgrad["tiles"][2] == 32
     small = choose("table", "float16", cin_g=128, cout_g=128, num_in=1000, num_out=1000, num_relations=27)
     assert small["split"] == 4  # 8 row tiles on 132 SMs: four CTAs per tile in one cluster
     tf32 = choose(
@@ -140,6 +145,7 @@ def test_pairs_kernel_choice(dtype, cout, extra, expected):
         ("float16", H100, 32, 32, {}, "weight_grad_mma_32"),
         ("float16", H100, 64, 128, {}, "weight_grad_mma_64"),
         ("bfloat16", H100, 128, 128, {}, "weight_grad_mma_128"),
+        ("float16", H100, 96, 96, {}, "weight_grad_mma_128"),
         ("float32", H100, 16, 32, {}, "weight_grad_exact_32"),
         ("float32", H100, 64, 64, {}, "weight_grad_exact_64"),
         ("float32", H100, 128, 256, {}, "weight_grad_exact_128"),

@@ -46,12 +46,11 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("with_scale", [False, True], ids=["unscaled", "scaled"])
-# (C_in, C_out, groups): the 32 / 64 / 128 pipelined tiles, partial column tiles (24 -> 40,
-# 128 -> 96, 200), rectangular (32 -> 64), grouped, 12 -> 20 (16-bit rows that are not 16-byte
-# vectors: the SIMT fallback), and stems: x rows of 4 or 8 bytes, one cp.async each in the pipelined
-# kernel (4 -> 32; 4 -> 64 on two column tiles; 2 -> 16; 8 -> 32 in two groups of 4; 1 -> 16,
-# pipelined for fp32 only). fp32 is
-# exact (TF32 off): the pipelined kernel's fma warp tiles.
+# (C_in, C_out, groups): the 32 / 64 / 128 pipelined tiles, partial column tiles (24 -> 40, 128 ->
+# 96, 96 -> 96, 160 -> 96, 200), rectangular (32 -> 64), grouped, 12 -> 20 (16-bit rows that are not
+# 16-byte vectors: the SIMT fallback), and stems: x rows of 4 or 8 bytes, one cp.async each in the
+# pipelined kernel (4 -> 32; 4 -> 64 on two column tiles; 2 -> 16; 8 -> 32 in two groups of 4; 1 ->
+# 16, pipelined for fp32 only). fp32 is exact (TF32 off): the pipelined kernel's fma warp tiles.
 @pytest.mark.parametrize(
     "cin,cout,groups",
     [
@@ -62,6 +61,8 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
         (32, 64, 1),
         (128, 128, 1),
         (128, 96, 1),
+        (96, 96, 1),
+        (160, 96, 1),
         (200, 200, 1),
         (64, 64, 2),
         (12, 20, 1),
