@@ -3,16 +3,19 @@ kernel-launch breakdown of one MinkUNet forward, and the sparsity of the neighbo
 output-stationary kernel walks. A profiling aid (what to optimise), not a benchmark (what to claim).
 
     python -m benchmarks.profile_voxel [--workload scan64|FAMILY_SCENE] [--channels 32,64,128,256] [--peers]
-                                       [--fresh] [--only layer|minkunet|table]
+                                       [--fresh] [--backward] [--only layer|minkunet|table]
 
-`--peers` adds spconv / TorchSparse++ to the layer and MinkUNet breakdowns when importable (after
-`source benchmarks/peers/activate.sh`). Run under `ncu --kernel-name regex:conv_forward_table
+`--channels` takes widths C (a C -> C layer) or C_in:C_out pairs (`96,160:96`). `--backward` adds
+the cached layer's training step (forward, then the backward of the output's sum). `--peers` adds
+spconv / TorchSparse++ to the layer and MinkUNet breakdowns when importable (after `source
+benchmarks/peers/activate.sh`). Run under `ncu --kernel-name regex:conv_forward_table
 --launch-count 1` for one kernel's hardware counters.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 from collections import defaultdict
 
 import torch
@@ -85,52 +88,83 @@ def table_stats(scene, tile: int = 64) -> None:
     print_breakdown("neighbor_table_order", kernel_times(lambda: order_op(rmap.neighbor_table())), top=8)
 
 
-def _relconv_subm(scene, c: int):
-    """{map: call} of a relconv subm 3^3 fp16 layer, the map cached or built in the call."""
+def _relconv_subm(scene, cin: int, cout: int):
+    """{case: call} of a relconv subm 3^3 fp16 layer: the map cached or built in the call, and the
+    training step over the cached map."""
     from relconv.voxel import Conv3d, VoxelTensor
 
-    feats = torch.randn(len(scene.coords), c, device="cuda", dtype=torch.half)
-    conv = Conv3d(c, c, 3).cuda().half().eval()
+    feats = torch.randn(len(scene.coords), cin, device="cuda", dtype=torch.half)
+    conv = Conv3d(cin, cout, 3).cuda().half().eval()
     x = VoxelTensor(feats, scene.coords)
-    return {"cached": lambda: conv(x), "fresh": lambda: conv(VoxelTensor(feats, scene.coords))}
+    xg = VoxelTensor(feats.clone().requires_grad_(), scene.coords)
+    return {
+        "cached": lambda: conv(x),
+        "fresh": lambda: conv(VoxelTensor(feats, scene.coords)),
+        "cached fwd+bwd": lambda: conv(xg).feats.float().sum().backward(),
+    }
 
 
-def _spconv_subm(scene, c: int):
+def _spconv_subm(scene, cin: int, cout: int):
     """As _relconv_subm, for spconv (its indice_key cache holds the map)."""
     import spconv.pytorch as spconv
 
     from benchmarks.peers.spconv_peer import spatial_shape
 
-    feats = torch.randn(len(scene.coords), c, device="cuda", dtype=torch.half)
+    feats = torch.randn(len(scene.coords), cin, device="cuda", dtype=torch.half)
     coords, shape = scene.coords.int(), spatial_shape(scene.coords)
-    sp = spconv.SubMConv3d(c, c, 3, padding=1, bias=False, indice_key="k").cuda().half().eval()
+    sp = spconv.SubMConv3d(cin, cout, 3, padding=1, bias=False, indice_key="k").cuda().half().eval()
 
-    def fresh():
-        return sp(spconv.SparseConvTensor(feats, coords, shape, scene.batch_size))
+    def fresh(f=feats):
+        return sp(spconv.SparseConvTensor(f, coords, shape, scene.batch_size))
 
     st = spconv.SparseConvTensor(feats, coords, shape, scene.batch_size)
     with torch.no_grad():
         st.indice_dict.update(fresh().indice_dict)
-    return {"cached": lambda: sp(st), "fresh": fresh}
+    # spconv's eval-mode convs run outside autograd and build maps without the backward's masks:
+    # the training step takes a training-mode copy with a map of its own.
+    train = copy.deepcopy(sp).train()
+    stg = spconv.SparseConvTensor(feats.clone().requires_grad_(), coords, shape, scene.batch_size)
+    with torch.no_grad():
+        built = train(spconv.SparseConvTensor(feats, coords, shape, scene.batch_size))
+    stg.indice_dict.update(built.indice_dict)
+    return {
+        "cached": lambda: sp(st),
+        "fresh": fresh,
+        "cached fwd+bwd": lambda: train(stg).features.float().sum().backward(),
+    }
 
 
-def layer_breakdown(scene, channels: list[int], peers: bool, fresh: bool) -> None:
+def layer_breakdown(scene, channels: list[tuple[int, int]], peers: bool, fresh: bool, backward: bool) -> None:
     """Per-kernel GPU time of a subm 3^3 fp16 layer with its map cached and, with `fresh`, built in
-    the call (a new coordinate set each call), for relconv and (`peers`) spconv."""
-    maps = ("cached", "fresh") if fresh else ("cached",)
+    the call (a new coordinate set each call), with `backward` also its cached training step, for
+    relconv and (`peers`) spconv."""
+    cases = ("cached", "fresh") if fresh else ("cached",)
     libraries = [("relconv", _relconv_subm)]
     if peers:
         libraries.append(("spconv", _spconv_subm))
-    for c in channels:
+    for cin, cout in channels:
+        width = f"C{cin}" if cin == cout else f"C{cin}->{cout}"
         for name, make in libraries:
             try:
-                calls = make(scene, c)
+                calls = make(scene, cin, cout)
             except ImportError as err:
                 print(f"{name}: {err}")
                 continue
             with torch.no_grad():
-                for mp in maps:
-                    print_breakdown(f"{name} subm3 C{c} fp16 {mp}", kernel_times(calls[mp]), top=8)
+                for case in cases:
+                    print_breakdown(f"{name} subm3 {width} fp16 {case}", kernel_times(calls[case]), top=8)
+            if backward:
+                case = "cached fwd+bwd"
+                print_breakdown(f"{name} subm3 {width} fp16 {case}", kernel_times(calls[case]), top=8)
+
+
+def parse_channels(text: str) -> list[tuple[int, int]]:
+    """`--channels`: widths C or C_in:C_out pairs, comma-separated."""
+    pairs = []
+    for item in text.split(","):
+        cin, _, cout = item.partition(":")
+        pairs.append((int(cin), int(cout or cin)))
+    return pairs
 
 
 def minkunet_breakdown(scene, peers: bool) -> None:
@@ -170,13 +204,14 @@ def main() -> None:
     p.add_argument("--peers", action="store_true")
     p.add_argument("--only", choices=("layer", "minkunet", "table"), default=None)
     p.add_argument("--fresh", action="store_true", help="also the layers with the map built in the call")
+    p.add_argument("--backward", action="store_true", help="also the cached layers' training step")
     args = p.parse_args()
     scene = load_scene(args.workload, torch.device("cuda"))
     print(torch.cuda.get_device_name(), args.workload, len(scene.coords), "voxels")
     if args.only in (None, "table"):
         table_stats(scene)
     if args.only in (None, "layer"):
-        layer_breakdown(scene, [int(c) for c in args.channels.split(",")], args.peers, args.fresh)
+        layer_breakdown(scene, parse_channels(args.channels), args.peers, args.fresh, args.backward)
     if args.only in (None, "minkunet"):
         minkunet_breakdown(scene, args.peers)
 
