@@ -359,7 +359,8 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
   // C_in >= 64: 64-wide K steps (128 bytes) in 2 stages beat 3 stages, 32-wide steps and 128-row
   // tiles (C64 51 / 29 us against 55 / 32 in 3 stages, 64 / 40 in 128-row tiles, 64-beam / real),
   // where they fill whole tiles. A C_in_g that only 32-wide steps divide (96, 160: the input
-  // gradient of a C96 layer) takes the 64-byte-step tiles below, whole, over the general kernel.
+  // gradient of a C96 layer) takes the 64-byte-step tiles below, whole, over the general kernel
+  // (H200, C128 -> 96 fp16 training step, kernel us: room-3cm 3447 -> 2999, aggregate-1m 9026 -> 7993).
   const int64_t wide_k = 128 / element_bytes(p.dtype), narrow_k = wide_k / 2;
   const bool narrow_whole = p.cin_g % wide_k != 0 && p.cin_g % narrow_k == 0;
   if (p.cin_g >= 64 && p.cout_g > 32 && !narrow_whole) {
@@ -452,7 +453,8 @@ constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& de
              wide = p.cin_g >= 128 && p.cout_g >= 128;
   if (pipelined && (is_16bit(p.dtype) || p.allow_tf32)) {
     // Past 64 channels each way (C96 -> 96: 64 x 64 tiles cover 128 x 128 as four), the 128 x 128
-    // tile does the same mma work and gathers each pair's rows once.
+    // tile does the same mma work and gathers each pair's rows once (H200, C96 -> 96 fp16, kernel
+    // us: room-3cm 1599 -> 956, aggregate-1m 4210 -> 2462).
     const bool wide_mma = p.cin_g > 64 && p.cout_g > 64;
     return narrow ? Config::kWeightGradMma32 : wide_mma ? Config::kWeightGradMma128 : Config::kWeightGradMma64;
   }
