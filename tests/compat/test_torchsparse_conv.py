@@ -334,6 +334,8 @@ def test_global_conv_config_is_read_and_cleared():
     assert tsF.get_global_conv_config() is None
     with pytest.raises(ValueError, match="kmap_mode"):
         _layer(3, 2, 3, config={"kmap_mode": "grid"})(scene())
+    with pytest.raises(ValueError, match="downsample_mode"):
+        _layer(3, 2, 3, config={"downsample_mode": "grid"})(scene())
     with pytest.raises(ValueError, match="kmap_mode"):
         tsF.set_kmap_mode("grid")
     with pytest.raises(ValueError, match="downsample_mode"):

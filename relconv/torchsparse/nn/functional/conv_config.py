@@ -149,6 +149,9 @@ def map_modes(config: dict | None) -> tuple[bool, bool]:
     """(hashmap mode, minkowski downsampling) of the config a conv runs under."""
     if config is None:
         config = _GLOBAL[0] if _GLOBAL[0] is not None else _DEFAULT[0]
-    kmap = _choice(config.get("kmap_mode", "hashmap_on_the_fly"), KMAP_MODES, "conv config kmap_mode")
-    down = _choice(config.get("downsample_mode", "spconv"), DOWNSAMPLE_MODES, "conv config downsample_mode")
+    kmap, down = config.get("kmap_mode", "hashmap_on_the_fly"), config.get("downsample_mode", "spconv")
+    # Checked inline: this runs in every conv call, and `_choice` is there to name a bad value.
+    if kmap not in KMAP_MODES or down not in DOWNSAMPLE_MODES:
+        _choice(kmap, KMAP_MODES, "conv config kmap_mode")
+        _choice(down, DOWNSAMPLE_MODES, "conv config downsample_mode")
     return kmap == "hashmap", down == "minkowski"
