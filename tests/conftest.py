@@ -52,3 +52,14 @@ def allow_tf32(enabled: bool):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def cuda_kernels(fn) -> list[str]:
+    """Names of the CUDA kernels (and copies, memsets) that `fn` launches, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

@@ -9,6 +9,7 @@ from relconv import RelationalMap, relational_conv
 from relconv.ops import Dataflow
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import Conv3d, VoxelTensor, submanifold_map
+from tests.conftest import cuda_kernels
 from tests.ops.maps import TOLERANCE, random_map, rel_error
 
 op = torch.ops.relconv.relational_conv.default
@@ -280,13 +281,7 @@ def test_cuda_bias_gradient_alone_keeps_pairs_unmaterialised():
 
 def _cuda_kernels(fn):
     """Names of the CUDA kernels `fn` launches (memsets and copies left out)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = cuda_kernels(fn)
     return [n for n in names if "memset" not in n.lower() and "memcpy" not in n.lower()]
 
 

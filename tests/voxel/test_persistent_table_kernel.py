@@ -8,12 +8,12 @@ GPUs the same tests cover the mma.sync kernel that takes these shapes there."""
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 from voxel_refs import random_voxels
 
 from relconv.ops import relational_conv
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import submanifold_map
+from tests.conftest import cuda_kernels
 
 pytestmark = pytest.mark.cuda
 
@@ -25,13 +25,6 @@ def _map(kernel=3, seed=3, points=60000, extent=60):
     # ~50k rows: 400 row tiles of 128, past the point where the launcher splits tiles over CTAs.
     coords = random_voxels(points, extent, 4, seed=seed).coords.to("cuda")
     return submanifold_map(coords, (kernel,) * 3, (1, 1, 1), (1, 1, 1))
-
-
-def _kernels(fn) -> list[str]:
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def _inputs(rmap, groups, cin, cout, dtype, seed=0):
@@ -62,7 +55,7 @@ def test_large_tables_match_the_reference(dtype, groups, cin, cout):
     ref = (relational_conv_reference(x.double(), w.double(), rmap, groups) + bias.double()).relu()
     assert (plain.double() - ref).abs().max() / ref.abs().max() < TOLERANCE[dtype]
     if torch.cuda.get_device_capability() == (9, 0):
-        kernels = _kernels(lambda: _run(x, w, table, None, bias, rmap.num_out))
+        kernels = cuda_kernels(lambda: _run(x, w, table, None, bias, rmap.num_out))
         assert any("conv_forward_table_ws" in k for k in kernels) == ((cout // groups) % 128 == 0)
 
 
@@ -76,7 +69,7 @@ def test_tables_past_100k_rows_match_the_reference(cout):
     ref = (relational_conv_reference(x.double(), w.double(), rmap) + bias.double()).relu()
     assert (got.double() - ref).abs().max() / ref.abs().max() < TOLERANCE[torch.float16]
     if torch.cuda.get_device_capability() == (9, 0):
-        kernels = _kernels(lambda: _run(x, w, rmap.neighbor_table(), None, bias, rmap.num_out))
+        kernels = cuda_kernels(lambda: _run(x, w, rmap.neighbor_table(), None, bias, rmap.num_out))
         assert any("conv_forward_table_ws" in k for k in kernels)
 
 

@@ -1,22 +1,20 @@
 """The 96-wide mma.sync table tiles (common/kernel_choice.h: C_out_g 65-96, 64-row tiles below
 kTallTileRows, 128-row tiles from it on; 6 and 12 warps, whose table loads end in a partial round).
 Checked against the float64 reference with the epilogue, groups, partial last tiles and the schedule
-order, whole tiles (C_in_g a multiple of 64) and the general kernel (C_out_g 80), in the
+order, whole tiles (C_in_g a multiple of 32) and the general kernel (C_out_g 80), in the
 forward and through the input gradient, which reads W^T in place at C_in 96."""
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
-from voxel_refs import random_voxels
+from voxel_refs import fused_table_layer, random_voxels
 
 from relconv.ops import relational_conv
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import submanifold_map
-from tests.conftest import allow_tf32
+from tests.conftest import allow_tf32, cuda_kernels
 
 pytestmark = pytest.mark.cuda
 
-_conv = torch.ops.relconv.relational_conv.default
 TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 4e-3}
 # kTallTileRows: the row count from which the 128-row tiles run
 TALL_ROWS = 100_000
@@ -25,13 +23,6 @@ TALL_ROWS = 100_000
 def _map(n: int, size: int, seed: int):
     coords = random_voxels(n, size, 1, batch=2, seed=seed).coords.to("cuda")
     return submanifold_map(coords, (3, 3, 3), (1, 1, 1), (1, 1, 1))
-
-
-def _kernels(fn) -> list[str]:
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def _tile_name(rows: int) -> str:
@@ -47,25 +38,13 @@ def _tile_name(rows: int) -> str:
 def test_96_wide_tiles_match_the_reference(dtype, tall, groups, cin, cout):
     rmap = _map(260_000, 60, 7) if tall else _map(3000, 20, 3)
     assert (rmap.num_out >= TALL_ROWS) == tall and rmap.num_out % 128
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(rmap.num_in, cin, generator=gen).to("cuda", dtype)
-    w = torch.randn(27, groups, cin // groups, cout // groups, generator=gen) / (27 * cin) ** 0.5
-    w = w.to("cuda", dtype)
-    bias = (torch.randn(cout, generator=gen) / 4).to("cuda", dtype)
-    table = rmap.neighbor_table()
-    none = torch.empty(0, dtype=table.dtype, device="cuda")
-    ptr = torch.empty(0, dtype=torch.int64, device="cuda")
-
-    def run(order):
-        return _conv(x, w, none, none, ptr, None, rmap.num_out, table, order, bias, True)
-
+    run, ref = fused_table_layer(rmap, dtype, groups, cin, cout)
     with allow_tf32(True):
         plain = run(None)
         # A schedule only: every output row sums the same relations in the same order either way.
         assert torch.equal(plain, run(rmap.table_order()))
-        kernels = _kernels(lambda: run(None))
+        kernels = cuda_kernels(lambda: run(None))
     assert any("conv_forward_table_mma" in k and _tile_name(rmap.num_out) in k for k in kernels), kernels
-    ref = (relational_conv_reference(x.double(), w.double(), rmap, groups) + bias.double()).relu()
     err = (plain.double() - ref).abs().max() / ref.abs().max()
     assert err < TOLERANCE[dtype]
 
@@ -79,7 +58,7 @@ def test_input_gradient_of_a_96_wide_layer_reads_the_weight_in_place(dtype, tall
     w = (torch.randn(27, 96, 96, generator=gen) / (27 * 96) ** 0.5).to("cuda", dtype).requires_grad_()
     up = torch.randn(rmap.num_out, 96, generator=gen).to("cuda", dtype)
     out = relational_conv(x, w, rmap)
-    kernels = _kernels(lambda: out.backward(up))
+    kernels = cuda_kernels(lambda: out.backward(up))
     # The whole-tile kernel reads W^T as stored: no transposed copy of the weight.
     assert not any("transpose_matrices" in k for k in kernels), kernels
     xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()

@@ -6,12 +6,12 @@ other GPUs the same tests cover the mma.sync kernel that takes these shapes ther
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
-from voxel_refs import random_voxels
+from voxel_refs import fused_table_layer, random_voxels
 
 from relconv.ops import relational_conv
 from relconv.ops.reference import relational_conv_reference
 from relconv.voxel import submanifold_map
+from tests.conftest import cuda_kernels
 
 pytestmark = pytest.mark.cuda
 
@@ -28,13 +28,6 @@ def _hopper() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
-def _kernels(fn) -> list[str]:
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     "groups, cin, cout",
@@ -43,27 +36,15 @@ def _kernels(fn) -> list[str]:
 def test_wide_layers_match_the_reference(dtype, groups, cin, cout):
     rmap = _map()
     assert rmap.num_out % 128  # a partial last tile
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(rmap.num_in, cin, generator=gen).to("cuda", dtype)
-    w = torch.randn(27, groups, cin // groups, cout // groups, generator=gen) / (27 * cin) ** 0.5
-    w = w.to("cuda", dtype)
-    bias = (torch.randn(cout, generator=gen) / 4).to("cuda", dtype)
-    table = rmap.neighbor_table()
-    none = torch.empty(0, dtype=table.dtype, device="cuda")
-    ptr = torch.empty(0, dtype=torch.int64, device="cuda")
-
-    def run(order):
-        return _conv(x, w, none, none, ptr, None, rmap.num_out, table, order, bias, True)
-
+    run, ref = fused_table_layer(rmap, dtype, groups, cin, cout)
     plain = run(None)
     # A schedule only: every output row sums the same relations in the same order either way.
     assert torch.equal(plain, run(rmap.table_order()))
-    ref = (relational_conv_reference(x.double(), w.double(), rmap, groups) + bias.double()).relu()
     err = (plain.double() - ref).abs().max() / ref.abs().max()
     assert err < TOLERANCE[dtype]
     # C_out_g 64 takes the mma.sync kernel, faster there (conv_launch_wgmma.cu).
     if _hopper():
-        wgmma = any("conv_forward_table_wgmma" in k for k in _kernels(lambda: run(None)))
+        wgmma = any("conv_forward_table_wgmma" in k for k in cuda_kernels(lambda: run(None)))
         assert wgmma == (cout // groups != 64)
 
 
@@ -110,7 +91,7 @@ def test_a_transposed_weight_view_runs_as_its_copy(dtype, groups, cin, cout, who
         assert not w.is_contiguous()
         assert torch.equal(run(w), run(w.contiguous()))
     in_place = whole and dtype in (torch.float16, torch.bfloat16)
-    kernels = _kernels(lambda: run(views[0]))
+    kernels = cuda_kernels(lambda: run(views[0]))
     assert any("transpose_matrices" in k for k in kernels) != in_place
 
 

@@ -107,3 +107,25 @@ def brute_force(in_coords, out_coords, kernel, step):
 def as_triples(rmap):
     rel = rmap.relation_of_pairs().tolist()
     return set(zip(rmap.in_index.tolist(), rmap.out_index.tolist(), rel, strict=True))
+
+
+def fused_table_layer(rmap, dtype: torch.dtype, groups: int, cin: int, cout: int):
+    """A grouped layer with bias and ReLU run straight on the op over `rmap`'s neighbour table:
+    (run(order) -> output in `dtype`, with `order` a table_order or None; the float64 reference)."""
+    from relconv.ops.reference import relational_conv_reference
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rmap.num_in, cin, generator=gen).to("cuda", dtype)
+    w = torch.randn(27, groups, cin // groups, cout // groups, generator=gen) / (27 * cin) ** 0.5
+    w = w.to("cuda", dtype)
+    bias = (torch.randn(cout, generator=gen) / 4).to("cuda", dtype)
+    table = rmap.neighbor_table()
+    none = torch.empty(0, dtype=table.dtype, device="cuda")
+    ptr = torch.empty(0, dtype=torch.int64, device="cuda")
+
+    def run(order):
+        op = torch.ops.relconv.relational_conv.default
+        return op(x, w, none, none, ptr, None, rmap.num_out, table, order, bias, True)
+
+    ref = (relational_conv_reference(x.double(), w.double(), rmap, groups) + bias.double()).relu()
+    return run, ref
