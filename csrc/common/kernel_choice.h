@@ -329,11 +329,13 @@ constexpr TableChoice table_mma(const TableProblem& p, const Device& dev, Config
   // share a step (the tile's rows, so table_order): 4-channel fp16 rows padded to 8 cost 5-19%
   // against 8-byte slots (H100, 4 -> 32, room-3cm 5^3 361 -> 431 us, 3^3 103 -> 120; 64-beam 3^3 22.6
   // -> 24.0). Exact fp32 takes C_in_g-wide slots: its fmas add in K order anyway. Three channels
-  // (6-byte rows) stay one relation per step.
+  // (6-byte rows) stay one relation per step. 32-byte rows (C16 in 16-bit types) fill one whole mma
+  // K block each, two relations to a 64-byte K step, where one relation padded to it left half of
+  // every mma zero.
   const int64_t row_bytes = p.cin_g * element_bytes(p.dtype);
-  const int64_t slot = exact ? p.cin_g : 16 / element_bytes(p.dtype);
-  if (!whole && p.x_chunks && (row_bytes == 4 || row_bytes == 8 || row_bytes == 16) && t.bk % slot == 0 &&
-      t.bk > slot) {
+  const int64_t slot = exact || row_bytes == 32 ? p.cin_g : 16 / element_bytes(p.dtype);
+  if (!whole && p.x_chunks && (row_bytes == 4 || row_bytes == 8 || row_bytes == 16 || row_bytes == 32) &&
+      t.bk % slot == 0 && t.bk > slot) {
     c.pack = static_cast<int>(t.bk / slot);
   }
   c.split = relation_split(dev, (p.num_out + t.bm - 1) / t.bm * ((p.cout_g + t.bn - 1) / t.bn) * p.groups,
@@ -353,7 +355,9 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
   // concatenated skips) fill whole tiles. 128-wide tiles left a quarter of every mma and B slab
   // padding, and C96 ran the general kernel (182 registers a thread: one CTA per SM); H200, cached
   // subm 3^3 fp16, kernel us, C96 -> 96: 64-beam scan 134 -> 61, room-3cm 1070 -> 468.
-  if (p.cout_g > 64 && p.cout_g <= 96) {
+  // C_out_g 129-192 (concatenated skips: the input gradient of a C160 -> 96 or C192 -> 128 layer)
+  // takes two of these tiles, 192 columns where two 128-wide tiles computed 256.
+  if ((p.cout_g > 64 && p.cout_g <= 96) || (p.cout_g > 128 && p.cout_g <= 192)) {
     return table_mma(p, dev, p.num_out >= kTallTileRows ? Config::kTableMmaTall96 : Config::kTableMmaWide96, false);
   }
   // C_in >= 64: 64-wide K steps (128 bytes) in 2 stages beat 3 stages, 32-wide steps and 128-row

@@ -176,14 +176,14 @@ struct TableColumn {
 // pipeline: step t + kStages - 1 is in flight while step t is multiplied, one barrier per step.
 // kFull (C_in_g a multiple of BK, C_out_g of BN, 16-byte rows: every tile row wholly in or out) loads
 // with FixedChunkLoader; otherwise load_rows_async handles partial tiles, and rows that do not meet
-// the 16-byte preconditions are loaded synchronously into the stage. With a.pack > 1 (C_in_g of 4, 8
-// or 16 bytes: the stems' 1-8 input channels) a step holds a.pack relations in slots of BK / a.pack
-// elements, each tile row's C_in_g elements of one relation in one cp.async, and the matching C_in_g
-// rows of each W[r] below one another: K steps a.pack times as full as one zero-padded relation.
-// Tensor cores take 16-byte slots, one mma each (kSlices16B): relations sharing a step are added
-// one by one, so the sum does not depend on which tile rows, and so which busy relations, share the
-// step (the output is the same with and without table_order); SIMT FMAs add in K order anyway and
-// take slots of C_in_g.
+// the 16-byte preconditions are loaded synchronously into the stage. With a.pack > 1 (C_in_g of 4, 8,
+// 16 or 32 bytes: the stems' 1-8 input channels, C16 in 16-bit types) a step holds a.pack relations
+// in slots of BK / a.pack elements, each tile row's C_in_g elements of one relation in one or two
+// cp.asyncs, and the matching C_in_g rows of each W[r] below one another: K steps a.pack times as
+// full as one zero-padded relation. Tensor cores take 16-byte slots, one mma each (kSlices16B), or
+// 32-byte slots, one whole mma K block each: relations sharing a step are added one by one, so the
+// sum does not depend on which tile rows, and so which busy relations, share the step (the output
+// is the same with and without table_order); SIMT FMAs add in K order anyway and take slots of C_in_g.
 // Warps form a (BM/WM) x (BN/WN) grid of mma.sync tiles (MmaWarpTile); the epilogue stores pairs of
 // output elements straight from the accumulators.
 constexpr int kRelChunk = 32;
@@ -332,13 +332,17 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         if (pack > 1) {
           const int first = load_j;
           load_j += pack;
-          const int chunk = cin * static_cast<int>(sizeof(T));  // 4, 8 or 16 bytes (the launcher's choice)
+          const int chunk = cin * static_cast<int>(sizeof(T));  // 4, 8, 16 or 32 bytes (the launcher's choice)
           for (int e = threadIdx.x; e < BM * pack; e += kThreads) {
             const int i = e / pack, q = e - i * pack;
             const int32_t row = first + q < count ? s_rows[i * kRowsLd + s_chunk.list[first + q]] : -1;
             T* dst = As + i * kLdA + q * slot;
             const T* src = row >= 0 ? a.x + row * ldx + goff : a.x;
-            if (chunk == 16) {
+            if (chunk == 32) {
+              constexpr int kHalf = 16 / static_cast<int>(sizeof(T));
+              cp_async_16(dst, src, row >= 0);
+              cp_async_16(dst + kHalf, src + kHalf, row >= 0);
+            } else if (chunk == 16) {
               cp_async_16(dst, src, row >= 0);
             } else if (chunk == 8) {
               cp_async_small<8>(dst, src, row >= 0);
@@ -418,10 +422,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       if constexpr (kWeightT) {
         tile.template mma<BK, false, true>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN * kLdB, kLdB);
       } else if constexpr (!kFull && !kExact) {
-        if (pack > 1) {
+        if (pack > 1 && slot * static_cast<int>(sizeof(T)) < 32) {
           tile.template mma<BK, false, false, NoFragmentHook, true>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN,
                                                                     kLdB);
-        } else {
+        } else {  // unpacked, or 32-byte slots: each whole mma K block is one relation's
           tile.template mma<BK>(As + wm * WM * kLdA, kLdA, As + BM * kLdA + wn * WN, kLdB);
         }
       } else {

@@ -31,6 +31,12 @@ TABLE_CASES = [
     ("float16", H100, 96, 96, 75_000, {}, "table_mma_wide_96"),
     ("bfloat16", H100, 160, 96, 273_000, {}, "table_mma_tall_96"),
     ("float32", A100, 64, 80, 75_000, {"allow_tf32": True}, "table_mma_wide_96"),
+    # C_out_g 129-192 (the input gradient of a concatenated skip's layer): two 96-wide tiles; the
+    # wgmma kernels keep multiples of 64 below 100k rows.
+    ("float16", H100, 96, 160, 273_000, {}, "table_mma_tall_96"),
+    ("float16", H100, 128, 192, 273_000, {}, "table_mma_tall_96"),
+    ("float16", H100, 96, 160, 75_000, {}, "table_mma_wide_96"),
+    ("float16", H100, 128, 192, 75_000, {}, "wgmma_64"),
     # C_in_g 96 (the input gradient of a C96 layer): 32-wide K steps, whose tiles it fills.
     ("float16", H100, 96, 128, 273_000, {}, "table_mma_128"),
     ("float16", H100, 96, 64, 273_000, {}, "table_mma_64"),
@@ -100,6 +106,11 @@ def test_table_choice_details():
         ("float16", 3, {}, 1),  # 6-byte rows: no cp.async of that size
         ("float16", 4, {"x_chunks": False}, 1),  # x not aligned to its rows
         ("float16", 32, {}, 1),  # one relation fills the K step
+        ("float16", 16, {}, 2),  # 32-byte rows: one whole mma K block per relation
+        ("bfloat16", 16, {}, 2),
+        ("float32", 8, {"allow_tf32": True}, 2),
+        ("float32", 8, {}, 2),
+        ("float16", 16, {"x_chunks": False}, 1),
     ],
 )
 def test_small_input_channels_pack_relations_into_a_k_step(dtype, cin, extra, pack):
@@ -107,7 +118,9 @@ def test_small_input_channels_pack_relations_into_a_k_step(dtype, cin, extra, pa
         "table", dtype, cin_g=cin, cout_g=32, num_in=75_000, num_out=75_000, num_relations=125, **extra
     )
     assert got["family"] in ("table_mma_sync", "table_exact_fp32") and got["pack"] == pack
-    slot = cin if got["family"] == "table_exact_fp32" else 16 // (2 if dtype != "float32" else 4)
+    row_bytes = cin * (2 if dtype != "float32" else 4)
+    exact = got["family"] == "table_exact_fp32"
+    slot = cin if exact or row_bytes == 32 else 16 // (2 if dtype != "float32" else 4)
     assert pack == 1 or got["tiles"][2] == pack * slot
 
 

@@ -162,19 +162,20 @@ def test_neighbor_table_forward_and_gradients(deterministic, dtype, index_dtype,
 )
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("num_relations", [27, 125])  # one relation chunk, and four with a ragged last
-@pytest.mark.parametrize("cin_g", [1, 2, 4, 8])  # rows of 2 to 32 bytes: packed where 4, 8 or 16
+@pytest.mark.parametrize("cin_g", [1, 2, 4, 8, 16])  # rows of 2 to 64 bytes: packed where 4 to 32
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_small_input_channels_pack_relations(
     deterministic, dtype, tf32, groups, num_relations, cin_g, misaligned
 ):
-    """Stems' few input channels: the table kernel packs several relations into one K step (x rows
-    aligned to their 4, 8 or 16 bytes), else pads one relation per step; both against float64."""
+    """Stems' few input channels and C16: the table kernel packs several relations into one K step
+    (x rows aligned to their 4, 8, 16 or 32 bytes), else pads one relation per step; both against
+    float64."""
     rmap = unique_slot_map(400, 450, num_relations, 0.3, torch.int32)
     g = torch.Generator().manual_seed(5)
     x64 = torch.randn(400, groups * cin_g, generator=g, dtype=torch.float64)
     x = x64.to("cuda", dtype)
-    if misaligned:  # one element into its storage: rows no longer start on their 4/8/16 bytes
+    if misaligned:  # one element into its storage: rows no longer start on their 4 to 32 bytes
         x = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:].view(x.shape).copy_(x)
     w = grouped_weight(num_relations, groups, cin_g, 32, dtype)
     with allow_tf32(tf32):

@@ -113,11 +113,12 @@ def test_order_of_an_empty_table():
 @pytest.mark.parametrize("tf32", [False, True], ids=["", "tf32"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
-    "channels", [(1, 16), (2, 16), (4, 32), (8, 16), (32, 32), (64, 64), (64, 128), (24, 40), (96, 72)]
+    "channels",
+    [(1, 16), (2, 16), (4, 32), (8, 16), (16, 16), (16, 32), (32, 32), (64, 64), (64, 128), (24, 40), (96, 72)],
 )
 def test_output_does_not_depend_on_the_order(dtype, channels, tf32):
-    """Stems (1-8 input channels) pack several relations into a K step; which ones share a step
-    depends on the tile's rows, so on the order, and the sum must not."""
+    """Stems (1-8 input channels) and C16 pack several relations into a K step; which ones share a
+    step depends on the tile's rows, so on the order, and the sum must not."""
     if tf32 and dtype != torch.float32:
         pytest.skip("TF32 is a mode of fp32")
     with allow_tf32(tf32):
