@@ -114,7 +114,19 @@ def test_order_of_an_empty_table():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     "channels",
-    [(1, 16), (2, 16), (4, 32), (8, 16), (16, 16), (16, 32), (32, 32), (64, 64), (64, 128), (24, 40), (96, 72)],
+    [
+        (1, 16),
+        (2, 16),
+        (4, 32),
+        (8, 16),
+        (16, 16),
+        (16, 32),
+        (32, 32),
+        (64, 64),
+        (64, 128),
+        (24, 40),
+        (96, 72),
+    ],
 )
 def test_output_does_not_depend_on_the_order(dtype, channels, tf32):
     """Stems (1-8 input channels) and C16 pack several relations into a K step; which ones share a
