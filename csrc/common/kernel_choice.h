@@ -32,6 +32,7 @@ enum class Config : int {
   kWgmma64,
   // mma.sync table forward (conv_forward_table_mma), 128-byte K steps in 2 stages.
   kTableMmaTall64,
+  kTableMmaPacked16,
   kTableMmaWide64,
   kTableMmaWide128,
   kTableMmaWide256,
@@ -87,6 +88,7 @@ constexpr TileShape tiles(Config c, int bytes) {
     case Config::kWgmma64: return {128, 64, 64, 0, 0, 3};
     case Config::kTableMmaTall64: return {128, 64, wide_k, 32, 32, 2};
     case Config::kTableMmaWide64: return {64, 64, wide_k, 32, 32, 2};
+    case Config::kTableMmaPacked16: return {64, 16, wide_k, 16, 16, 2};
     case Config::kTableMmaTall96: return {128, 96, narrow_k, 32, 32, 4};
     case Config::kTableMmaWide96: return {64, 96, narrow_k, 32, 32, 4};
     case Config::kTableMmaWide128: return {128, 128, wide_k, 64, 32, 2};
@@ -136,6 +138,7 @@ constexpr const char* config_name(Config c) {
     case Config::kTableMmaWide128: return "table_mma_wide_128";
     case Config::kTableMmaWide256: return "table_mma_wide_256";
     case Config::kTableMma16: return "table_mma_16";
+    case Config::kTableMmaPacked16: return "table_mma_packed_16";
     case Config::kTableMma32: return "table_mma_32";
     case Config::kTableMma64: return "table_mma_64";
     case Config::kTableMma128: return "table_mma_128";
@@ -179,6 +182,7 @@ constexpr const char* family_name(Config c) {
     case Config::kTableMmaWide128:
     case Config::kTableMmaWide256:
     case Config::kTableMma16:
+    case Config::kTableMmaPacked16:
     case Config::kTableMma32:
     case Config::kTableMma64:
     case Config::kTableMma128: return "table_mma_sync";
@@ -355,9 +359,12 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
   // concatenated skips) fill whole tiles. 128-wide tiles left a quarter of every mma and B slab
   // padding, and C96 ran the general kernel (182 registers a thread: one CTA per SM); H200, cached
   // subm 3^3 fp16, kernel us, C96 -> 96: 64-beam scan 134 -> 61, room-3cm 1070 -> 468.
-  // C_out_g 129-192 (concatenated skips: the input gradient of a C160 -> 96 or C192 -> 128 layer)
-  // takes two of these tiles, 192 columns where two 128-wide tiles computed 256.
-  if ((p.cout_g > 64 && p.cout_g <= 96) || (p.cout_g > 128 && p.cout_g <= 192)) {
+  // C_out_g 192 (a concatenated skip's layer: the input gradient of C192 -> 128) takes two of these
+  // tiles, whole, where two 128-wide tiles computed 256 columns (H200, C192 -> 128 fp16 training
+  // step, kernel us: batch4-64beam 2061 -> 1691, room-3cm 4997 -> 4103, aggregate-1m 13093 -> 10811).
+  // C_out_g 160 does not gain: its second tile runs the general kernel either way (room-3cm 4367
+  // against 4646 us for C160 -> 96).
+  if ((p.cout_g > 64 && p.cout_g <= 96) || p.cout_g == 192) {
     return table_mma(p, dev, p.num_out >= kTallTileRows ? Config::kTableMmaTall96 : Config::kTableMmaWide96, false);
   }
   // C_in >= 64: 64-wide K steps (128 bytes) in 2 stages beat 3 stages, 32-wide steps and 128-row
@@ -375,7 +382,17 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
     if (p.cout_g <= 128) return table_mma(p, dev, Config::kTableMmaWide128, false);
     return table_mma(p, dev, Config::kTableMmaWide256, false);
   }
-  if (p.cout_g <= 16) return table_mma(p, dev, Config::kTableMma16, false);
+  if (p.cout_g <= 16) {
+    // 16- and 32-byte x rows (C_in_g 8 and 16 in 16-bit types) that pack take 128-byte K steps of 8
+    // or 4 relations in 2 stages: fewer, fuller steps than 64-byte ones in 4 (H200, cached subm 3^3
+    // fp16, kernel us, C16 -> 16: batch4-64beam 81 -> 78, room-3cm 130 -> 118, aggregate-1m 347 ->
+    // 312; C8 -> 16 74 -> 75, 113 -> 103, 306 -> 281). 128-row tiles and 4 stages measured slower.
+    const int64_t row_bytes = p.cin_g * element_bytes(p.dtype);
+    if (is_16bit(p.dtype) && p.x_chunks && (row_bytes == 16 || row_bytes == 32)) {
+      return table_mma(p, dev, Config::kTableMmaPacked16, false);
+    }
+    return table_mma(p, dev, Config::kTableMma16, false);
+  }
   if (p.cout_g <= 32) return table_mma(p, dev, Config::kTableMma32, false);
   if (p.cout_g <= 64) return table_mma(p, dev, Config::kTableMma64, false);
   return table_mma(p, dev, Config::kTableMma128, false);

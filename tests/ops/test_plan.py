@@ -31,12 +31,11 @@ TABLE_CASES = [
     ("float16", H100, 96, 96, 75_000, {}, "table_mma_wide_96"),
     ("bfloat16", H100, 160, 96, 273_000, {}, "table_mma_tall_96"),
     ("float32", A100, 64, 80, 75_000, {"allow_tf32": True}, "table_mma_wide_96"),
-    # C_out_g 129-192 (the input gradient of a concatenated skip's layer): two 96-wide tiles; the
-    # wgmma kernels keep multiples of 64 below 100k rows.
-    ("float16", H100, 96, 160, 273_000, {}, "table_mma_tall_96"),
+    # C_out_g 192 (the input gradient of a concatenated skip's layer): two whole 96-wide tiles; the
+    # wgmma kernels keep multiples of 64 below 100k rows. C_out_g 160 stays on 128-wide tiles.
     ("float16", H100, 128, 192, 273_000, {}, "table_mma_tall_96"),
-    ("float16", H100, 96, 160, 75_000, {}, "table_mma_wide_96"),
     ("float16", H100, 128, 192, 75_000, {}, "wgmma_64"),
+    ("float16", H100, 96, 160, 273_000, {}, "table_mma_128"),
     # C_in_g 96 (the input gradient of a C96 layer): 32-wide K steps, whose tiles it fills.
     ("float16", H100, 96, 128, 273_000, {}, "table_mma_128"),
     ("float16", H100, 96, 64, 273_000, {}, "table_mma_64"),
@@ -49,7 +48,9 @@ TABLE_CASES = [
     ("float16", H100, 128, 128, 75_000, {"sm90a_built": False}, "table_mma_wide_128"),
     ("float16", A100, 256, 256, 75_000, {}, "table_mma_wide_256"),
     # Narrow layers: 64-row tiles of 32-wide K steps in 4 stages.
-    ("float16", H100, 16, 16, 75_000, {}, "table_mma_16"),
+    ("float16", H100, 16, 16, 75_000, {}, "table_mma_packed_16"),
+    ("float16", H100, 4, 16, 75_000, {}, "table_mma_16"),
+    ("float16", H100, 16, 16, 75_000, {"x_chunks": False}, "table_mma_16"),
     ("float16", H100, 32, 64, 75_000, {}, "table_mma_64"),
     # Exact fp32 up to C_out_g 32 on the pipelined CUDA-core kernel, wider on the SIMT kernel.
     ("float32", H100, 32, 32, 75_000, {}, "table_exact_32"),
@@ -75,6 +76,10 @@ def test_table_choice_details():
         and tall["tiles"] == (128, 64, 64, 32, 32, 2)
         and tall["whole_tiles"]
     )
+    # C16 (and C8) rows pack 4 (8) relations into each 128-byte K step of the 16-column tile.
+    for cin, pack in ((16, 4), (8, 8)):
+        c16 = choose("table", "float16", cin_g=cin, cout_g=16, num_in=75_000, num_out=75_000, num_relations=27)
+        assert c16["pack"] == pack and c16["tiles"] == (64, 16, 64, 16, 16, 2) and not c16["whole_tiles"]
     c96 = choose("table", "float16", cin_g=96, cout_g=96, num_in=273_000, num_out=273_000, num_relations=27)
     assert c96["tiles"] == (128, 96, 32, 32, 32, 4) and c96["whole_tiles"]
     # 32-wide K steps: C_in_g 160 (a concatenated skip) fills whole tiles too, C_out_g 80 does not.
