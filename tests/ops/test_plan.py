@@ -78,7 +78,9 @@ def test_table_choice_details():
     )
     # C16 (and C8) rows pack 4 (8) relations into each 128-byte K step of the 16-column tile.
     for cin, pack in ((16, 4), (8, 8)):
-        c16 = choose("table", "float16", cin_g=cin, cout_g=16, num_in=75_000, num_out=75_000, num_relations=27)
+        c16 = choose(
+            "table", "float16", cin_g=cin, cout_g=16, num_in=75_000, num_out=75_000, num_relations=27
+        )
         assert c16["pack"] == pack and c16["tiles"] == (64, 16, 64, 16, 16, 2) and not c16["whole_tiles"]
     c96 = choose("table", "float16", cin_g=96, cout_g=96, num_in=273_000, num_out=273_000, num_relations=27)
     assert c96["tiles"] == (128, 96, 32, 32, 32, 4) and c96["whole_tiles"]
