@@ -4,7 +4,9 @@
 #
 # Usage (repository root), with .peers/ts/ holding
 #   torchsparse_src.tar.xz            `git archive` of the repository (torchsparse/, setup.py, ...)
-#   libsparsehash-dev_*.deb           Google sparsehash headers (`apt-get download libsparsehash-dev`)
+#   libsparsehash-dev_*.deb           Google sparsehash headers (`apt-get download libsparsehash-dev`),
+#     or sparsehash_include.tar.xz    an include/ tree of the same headers (sparsehash's src/google and
+#                                     src/sparsehash, with the sparseconfig.h its configure writes)
 #   backports.cached_property-*.whl   imported by torchsparse.nn on some Pythons
 #   OUT=/some/dir bash benchmarks/peers/build_torchsparse.sh [.peers/ts]
 # Writes $OUT/torchsparse_built.tar.xz. About 3 minutes on 16 cores for sm_90.
@@ -17,8 +19,12 @@ trap 'rm -rf "$WORK"' EXIT
 
 mkdir -p "$WORK/src" "$WORK/deb" "$WORK/site"
 xz -dc "$SRC_DIR"/torchsparse_src.tar.xz | tar -x -C "$WORK/src"
-# Headers only: unpack the .deb beside the build rather than into / (nothing is installed).
-dpkg -x "$SRC_DIR"/libsparsehash-dev_*.deb "$WORK/deb"
+# Headers only: unpack them beside the build rather than into / (nothing is installed).
+if compgen -G "$SRC_DIR/libsparsehash-dev_*.deb" >/dev/null; then
+  dpkg -x "$SRC_DIR"/libsparsehash-dev_*.deb "$WORK/deb"
+else
+  mkdir -p "$WORK/deb/usr" && tar -xJf "$SRC_DIR"/sparsehash_include.tar.xz -C "$WORK/deb/usr"
+fi
 export CPLUS_INCLUDE_PATH="$WORK/deb/usr/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
 export FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}"
 
