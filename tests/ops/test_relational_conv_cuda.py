@@ -164,9 +164,10 @@ def test_neighbor_table_forward_and_gradients(deterministic, dtype, index_dtype,
 @pytest.mark.parametrize("num_relations", [27, 125])  # one relation chunk, and four with a ragged last
 @pytest.mark.parametrize("cin_g", [1, 2, 4, 8, 16])  # rows of 2 to 64 bytes: packed where 4 to 32
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("cout_g", [16, 32])  # the 16-column tile takes 128-byte K steps
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_small_input_channels_pack_relations(
-    deterministic, dtype, tf32, groups, num_relations, cin_g, misaligned
+    deterministic, dtype, tf32, groups, num_relations, cin_g, misaligned, cout_g
 ):
     """Stems' few input channels and C16: the table kernel packs several relations into one K step
     (x rows aligned to their 4, 8, 16 or 32 bytes), else pads one relation per step; both against
@@ -177,7 +178,7 @@ def test_small_input_channels_pack_relations(
     x = x64.to("cuda", dtype)
     if misaligned:  # one element into its storage: rows no longer start on their 4 to 32 bytes
         x = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:].view(x.shape).copy_(x)
-    w = grouped_weight(num_relations, groups, cin_g, 32, dtype)
+    w = grouped_weight(num_relations, groups, cin_g, cout_g, dtype)
     with allow_tf32(tf32):
         out = relational_conv(x, w, rmap, groups=groups)
     ref = relational_conv_reference(x64.cuda(), w.double(), rmap, groups=groups)
