@@ -5,8 +5,7 @@
 # Usage (repository root), with .peers/ts/ holding
 #   torchsparse_src.tar.xz            `git archive` of the repository (torchsparse/, setup.py, ...)
 #   libsparsehash-dev_*.deb           Google sparsehash headers (`apt-get download libsparsehash-dev`),
-#     or sparsehash_include.tar.xz    an include/ tree of the same headers (sparsehash's src/google and
-#                                     src/sparsehash, with the sparseconfig.h its configure writes)
+#     or sparsehash_include.tar.xz    the same headers from sparsehash's sources (sparsehash_headers.sh)
 #   backports.cached_property-*.whl   imported by torchsparse.nn on some Pythons
 #   OUT=/some/dir bash benchmarks/peers/build_torchsparse.sh [.peers/ts]
 # Writes $OUT/torchsparse_built.tar.xz. About 3 minutes on 16 cores for sm_90.
