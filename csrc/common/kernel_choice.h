@@ -361,7 +361,7 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
   // subm 3^3 fp16, kernel us, C96 -> 96: 64-beam scan 134 -> 61, room-3cm 1070 -> 468.
   // C_out_g 192 (a concatenated skip's layer: the input gradient of C192 -> 128) takes two of these
   // tiles, whole, where two 128-wide tiles computed 256 columns (H200, C192 -> 128 fp16 training
-  // step, kernel us: batch4-64beam 2061 -> 1691, room-3cm 4997 -> 4103, aggregate-1m 13093 -> 10811).
+  // step, kernel us: batch4-64beam 2061 -> 1701, room-3cm 4997 -> 4136, aggregate-1m 13093 -> 10962).
   // C_out_g 160 does not gain: its second tile runs the general kernel either way (room-3cm 4367
   // against 4646 us for C160 -> 96).
   if ((p.cout_g > 64 && p.cout_g <= 96) || p.cout_g == 192) {
