@@ -383,13 +383,14 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
     return table_mma(p, dev, Config::kTableMmaWide256, false);
   }
   if (p.cout_g <= 16) {
-    // 16- and 32-byte x rows (C_in_g 8 and 16 in 16-bit types) that pack take 128-byte K steps of 8
-    // or 4 relations in 2 stages: fewer, fuller steps than 64-byte ones in 4 (H200, cached subm 3^3
-    // fp16, kernel us, C16 -> 16: batch4-64beam 81 -> 78, room-3cm 130 -> 118, aggregate-1m 347 ->
-    // 312; C8 -> 16 74 -> 75, 113 -> 103, 306 -> 281). 128-row tiles and 4 stages measured slower.
-    const int64_t row_bytes = p.cin_g * element_bytes(p.dtype);
-    if (is_16bit(p.dtype) && p.x_chunks && (row_bytes == 16 || row_bytes == 32)) {
-      return table_mma(p, dev, Config::kTableMmaPacked16, false);
+    // 16- and 32-byte x rows (C_in_g 8 and 16 in 16-bit types) that pack (table_mma's rule) take
+    // 128-byte K steps of 8 or 4 relations in 2 stages: fewer, fuller steps than 64-byte ones in 4
+    // (H200, cached subm 3^3 fp16, kernel us, C16 -> 16: batch4-64beam 81 -> 78, room-3cm 130 -> 118,
+    // aggregate-1m 347 -> 312; C8 -> 16 74 -> 75, 113 -> 103, 306 -> 281). 128-row tiles and 4
+    // stages measured slower. Narrower stem rows keep the 64-byte steps.
+    if (is_16bit(p.dtype) && p.cin_g * element_bytes(p.dtype) >= 16) {
+      const TableChoice packed = table_mma(p, dev, Config::kTableMmaPacked16, false);
+      if (packed.pack > 1) return packed;
     }
     return table_mma(p, dev, Config::kTableMma16, false);
   }

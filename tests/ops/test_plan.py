@@ -125,9 +125,9 @@ def test_small_input_channels_pack_relations_into_a_k_step(dtype, cin, extra, pa
         "table", dtype, cin_g=cin, cout_g=32, num_in=75_000, num_out=75_000, num_relations=125, **extra
     )
     assert got["family"] in ("table_mma_sync", "table_exact_fp32") and got["pack"] == pack
-    row_bytes = cin * (2 if dtype != "float32" else 4)
+    element_bytes = 4 if dtype == "float32" else 2
     exact = got["family"] == "table_exact_fp32"
-    slot = cin if exact or row_bytes == 32 else 16 // (2 if dtype != "float32" else 4)
+    slot = cin if exact or cin * element_bytes == 32 else 16 // element_bytes
     assert pack == 1 or got["tiles"][2] == pack * slot
 
 
