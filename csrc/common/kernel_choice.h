@@ -60,6 +60,7 @@ enum class Config : int {
   kPairsSimt64,
   kPairsSimt128,
   // Weight gradient (conv_weight_grad.cuh).
+  kWeightGradMma16,
   kWeightGradMma32,
   kWeightGradMma64,
   kWeightGradMma128,
@@ -71,9 +72,10 @@ enum class Config : int {
 };
 
 // A block's tile: BM x BN outputs, K steps of BK elements, WM x WN per warp (per thread for SIMT
-// kernels), `stages` of software pipeline.
+// kernels), `stages` of software pipeline; `warps_k` warps share each warp tile's position, each
+// summing its own slice of every K step (the weight gradient's 16 x 16 tile).
 struct TileShape {
-  int bm, bn, bk, wm, wn, stages;
+  int bm, bn, bk, wm, wn, stages, warps_k = 1;
 };
 
 // The tiles of `c` for elements of `bytes` bytes (tensor-core K steps count bytes, so fp32 in TF32
@@ -110,6 +112,7 @@ constexpr TileShape tiles(Config c, int bytes) {
     case Config::kPairsSimt32: return {128, 32, 16, 4, 4, 1};
     case Config::kPairsSimt64: return {64, 64, 16, 4, 4, 1};
     case Config::kPairsSimt128: return {64, 128, 16, 4, 8, 1};
+    case Config::kWeightGradMma16: return {16, 16, wide_k, 16, 16, 4, 4};
     case Config::kWeightGradMma32: return {32, 32, narrow_k, 16, 16, 4};
     case Config::kWeightGradMma64: return {64, 64, narrow_k, 32, 32, 4};
     case Config::kWeightGradMma128: return {128, 128, narrow_k, 64, 32, 3};
@@ -155,6 +158,7 @@ constexpr const char* config_name(Config c) {
     case Config::kPairsSimt32: return "pairs_simt_32";
     case Config::kPairsSimt64: return "pairs_simt_64";
     case Config::kPairsSimt128: return "pairs_simt_128";
+    case Config::kWeightGradMma16: return "weight_grad_mma_16";
     case Config::kWeightGradMma32: return "weight_grad_mma_32";
     case Config::kWeightGradMma64: return "weight_grad_mma_64";
     case Config::kWeightGradMma128: return "weight_grad_mma_128";
@@ -199,6 +203,7 @@ constexpr const char* family_name(Config c) {
     case Config::kPairsSimt32:
     case Config::kPairsSimt64:
     case Config::kPairsSimt128: return "pairs_simt";
+    case Config::kWeightGradMma16:
     case Config::kWeightGradMma32:
     case Config::kWeightGradMma64:
     case Config::kWeightGradMma128: return "weight_grad_mma";
@@ -335,11 +340,11 @@ constexpr TableChoice table_mma(const TableProblem& p, const Device& dev, Config
   // -> 24.0). Exact fp32 takes C_in_g-wide slots: its fmas add in K order anyway. Three channels
   // (6-byte rows) stay one relation per step. 32-byte rows (C16 in 16-bit types) fill one whole mma
   // K block each, two relations to a 64-byte K step, where one relation padded to it left half of
-  // every mma zero.
+  // every mma zero. The packed gather computes row offsets in 32 bits (x's row stride below 2^31).
   const int64_t row_bytes = p.cin_g * element_bytes(p.dtype);
   const int64_t slot = exact || row_bytes == 32 ? p.cin_g : 16 / element_bytes(p.dtype);
   if (!whole && p.x_chunks && (row_bytes == 4 || row_bytes == 8 || row_bytes == 16 || row_bytes == 32) &&
-      t.bk % slot == 0 && t.bk > slot) {
+      t.bk % slot == 0 && t.bk > slot && ldx <= std::numeric_limits<int32_t>::max()) {
     c.pack = static_cast<int>(t.bk / slot);
   }
   c.split = relation_split(dev, (p.num_out + t.bm - 1) / t.bm * ((p.cout_g + t.bn - 1) / t.bn) * p.groups,
@@ -478,6 +483,11 @@ constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& de
     // tile does the same mma work and gathers each pair's rows once (H200, C96 -> 96 fp16, kernel
     // us: room-3cm 1599 -> 956, aggregate-1m 4210 -> 2462).
     const bool wide_mma = p.cin_g > 64 && p.cout_g > 64;
+    // C16 and narrower (16-byte x rows) on a 16 x 16 tile whose four warps each take a quarter of
+    // every 128-byte K step, where the 32 x 32 tile left three of its four warp tiles on padding
+    // (H200, C16 fp16 weight gradient, kernel us: batch4-64beam 73 -> 47, room-3cm 194 -> 117,
+    // aggregate-1m 507 -> 306; C8 -> 16 71 -> 43, 187 -> 109, 490 -> 282).
+    if (p.vec_x && p.cin_g <= 16 && p.cout_g <= 16) return Config::kWeightGradMma16;
     return narrow ? Config::kWeightGradMma32 : wide_mma ? Config::kWeightGradMma128 : Config::kWeightGradMma64;
   }
   if (pipelined) {

@@ -314,7 +314,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   // Stages are used round robin across relation chunks; the next step to load is (relation
   // s_chunk.list[load_j], K chunk load_k).
   int load_stage = 0, mma_stage = 0;
-  const int pack = kFull ? 1 : a.pack, slot = BK / pack;
+  // pack and slot are powers of two (table_mma's packing rule: BK and the slot widths are), so the
+  // packed path's tile coordinates are shifts and masks, not integer divisions.
+  const int pack = kFull ? 1 : a.pack, slot = BK / pack, slot_shift = __ffs(slot) - 1;
   // A slot's padding past its C_in_g elements is never loaded: zero it in every stage once (the
   // barrier in load_relation_chunk orders these stores before the first cp.async).
   if (pack > 1 && slot > cin) zero_shared<kThreads>(smem, kStages * Smem::kStageBytes);
@@ -333,11 +335,15 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
           const int first = load_j;
           load_j += pack;
           const int chunk = cin * static_cast<int>(sizeof(T));  // 4, 8, 16 or 32 bytes (the launcher's choice)
+          // Element e is slot q = e / BM of tile row i = e % BM: a warp copies one relation's rows for
+          // 32 consecutive tile rows, so its s_rows reads fall in distinct banks and the relation is
+          // warp-uniform. x offsets as 32 x 32 -> 64-bit products (rows and ldx < 2^31: table_mma).
+          const auto ldx32 = static_cast<uint32_t>(ldx);
           for (int e = threadIdx.x; e < BM * pack; e += kThreads) {
-            const int i = e / pack, q = e - i * pack;
+            const int q = e / BM, i = e % BM;
             const int32_t row = first + q < count ? s_rows[i * kRowsLd + s_chunk.list[first + q]] : -1;
             T* dst = As + i * kLdA + q * slot;
-            const T* src = row >= 0 ? a.x + row * ldx + goff : a.x;
+            const T* src = row >= 0 ? a.x + goff + static_cast<uint64_t>(static_cast<uint32_t>(row)) * ldx32 : a.x;
             if (chunk == 32) {
               constexpr int kHalf = 16 / static_cast<int>(sizeof(T));
               cp_async_16(dst, src, row >= 0);
@@ -353,7 +359,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
           // Slab row k: row k % slot of W[c0 + list[first + k / slot]] (none in a slot's padding or past
           // the chunk's count).
           const auto b_rows = [&](int k) {
-            const int q = first + k / slot, c = k % slot;
+            const int q = first + (k >> slot_shift), c = k & (slot - 1);
             return q < count && c < cin
                        ? ((c0 + s_chunk.list[q]) * a.groups + g) * int64_t{cin} * cout + int64_t{c} * cout
                        : int64_t{-1};

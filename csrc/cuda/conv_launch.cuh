@@ -56,15 +56,16 @@ void check_grid_y(int64_t y, int64_t z = 1) {
 
 // Tile shapes by output channels per group: the block spans as much of C_out as fits so that each
 // gathered A row is reused across many columns; narrow outputs get taller pair tiles instead.
-template <int BM_, int BN_, int BK_, int WM_, int WN_>
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int WK_ = 1>
 struct Tiles {
-  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, WK = WK_;
 };
 
 // The tiles that common/kernel_choice.h gives configuration C for element type T.
 template <choice::Config C, typename T>
 using TilesOf = Tiles<choice::tiles(C, sizeof(T)).bm, choice::tiles(C, sizeof(T)).bn, choice::tiles(C, sizeof(T)).bk,
-                      choice::tiles(C, sizeof(T)).wm, choice::tiles(C, sizeof(T)).wn>;
+                      choice::tiles(C, sizeof(T)).wm, choice::tiles(C, sizeof(T)).wn,
+                      choice::tiles(C, sizeof(T)).warps_k>;
 template <choice::Config C, typename T>
 inline constexpr int kStagesOf = choice::tiles(C, sizeof(T)).stages;
 
@@ -314,10 +315,10 @@ int64_t workspace_target_tiles(int64_t per_relation, int64_t elem_bytes, int64_t
 template <typename T, typename Idx, typename Cfg, int kStages, bool kExact>
 at::Tensor launch_weight_grad_fused(cuda::WeightGradArgs<T, Idx> a, int64_t y, int64_t target_blocks,
                                     const at::TensorOptions& opts, at::ScalarType out, cudaStream_t stream) {
-  constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
+  constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * Cfg::WK * 32;
   constexpr int kBytes = cuda::WeightGradSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
   constexpr auto kernel =
-      cuda::conv_weight_grad_mma_fused<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kExact>;
+      cuda::conv_weight_grad_mma_fused<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, Cfg::WK, kStages, kExact>;
   if (!cooperative_ok()) return {};
   allow_dynamic_smem<kernel>(kBytes);
   const int64_t per_relation = int64_t{a.groups} * a.cin_g * a.cout_g;
@@ -359,8 +360,12 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
   const int64_t y = int64_t{m_tiles} * a.n_tiles;
   check_grid_y(y, a.groups);
+  // Pipelined: 4 blocks per SM, 8 for the 16 x 16 tile, whose blocks are small (25 KB of shared
+  // memory, 64 registers) and wait on their gathers (H200, C16 fp16 training step, kernel us,
+  // batch4-64beam / room-3cm / aggregate-1m: 240 / 399 / 1072 with 4 against 234 / 376 / 1018).
   const int64_t target_blocks =
-      kPipelined ? 4 * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
+      kPipelined ? (Cfg::BM == 16 ? 8 : 4) * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount}
+                 : 2048;
   if constexpr (kPipelined) {
     at::Tensor dw = launch_weight_grad_fused<T, Idx, Cfg, kStages, kExact>(a, y, target_blocks, opts, out, stream);
     if (dw.defined()) return dw;
@@ -387,10 +392,10 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(y), static_cast<unsigned>(a.groups));
   if constexpr (kPipelined) {
-    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * 32;
+    constexpr int kThreads = (Cfg::BM / Cfg::WM) * (Cfg::BN / Cfg::WN) * Cfg::WK * 32;
     constexpr int kBytes = cuda::WeightGradSmem<T, Cfg::BM, Cfg::BN, Cfg::BK, kStages>::kBytes;
     constexpr auto kernel =
-        cuda::conv_weight_grad_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, kStages, kExact>;
+        cuda::conv_weight_grad_mma<T, Idx, Cfg::BM, Cfg::BN, Cfg::BK, Cfg::WM, Cfg::WN, Cfg::WK, kStages, kExact>;
     allow_dynamic_smem<kernel>(kBytes);
     kernel<<<grid, kThreads, kBytes, stream>>>(a);
   } else {
@@ -437,6 +442,7 @@ at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at:
           a, rel_ptr, deterministic, opts, out, stream);                                                         \
     }                                                                                                           \
     break;
+    RELCONV_WEIGHT_GRAD(kWeightGradMma16, true, false)
     RELCONV_WEIGHT_GRAD(kWeightGradMma32, true, false)
     RELCONV_WEIGHT_GRAD(kWeightGradMma64, true, false)
     RELCONV_WEIGHT_GRAD(kWeightGradMma128, true, false)

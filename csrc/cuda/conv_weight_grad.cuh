@@ -92,13 +92,15 @@ struct WeightGradSmem {
 // One block's pair tile `t` (block-wide), summed into dw with atomics or stored to partial[blockIdx.x].
 // kShortX: x rows of 4 or 8 bytes (stems, !a.vec_x), a separate instantiation so that the 16-byte
 // path's loads carry no per-row branch on the row width.
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact, bool kShortX>
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int WK, int kStages, bool kExact,
+          bool kShortX>
 __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx>& a, const PairTile& t,
                                                      unsigned char* smem) {
   static_assert(BM == BN, "x and grad_out tiles share one chunk mapping");
   static_assert(!kExact || std::is_same_v<T, float>, "the exact warp tile is fp32");
   using Smem = WeightGradSmem<T, BM, BN, BK, kStages>;
-  constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
+  constexpr int kWarpsMN = (BM / WM) * (BN / WN), kThreads = kWarpsMN * WK * 32, kSliceK = BK / WK;
+  static_assert(BK % WK == 0, "whole K slices");
   constexpr int kLdA = Smem::kLdA, kLdB = Smem::kLdB;
   using Loader = FixedChunkLoader<T, BK, BM, kThreads>;
   constexpr int kRows = Loader::kRowsPerThread;
@@ -108,7 +110,7 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
   const int g = blockIdx.z, m0 = (blockIdx.y / a.n_tiles) * BM, n0 = (blockIdx.y % a.n_tiles) * BN;
   const int cin = a.cin_g, cout = a.cout_g;
   const int64_t ldx = int64_t{a.groups} * cin, ldg = int64_t{a.groups} * cout;
-  const int warp = threadIdx.x / 32, wm = warp / (BN / WN), wn = warp % (BN / WN);
+  const int warp = threadIdx.x / 32, wk = warp / kWarpsMN, wm = warp % kWarpsMN / (BN / WN), wn = warp % (BN / WN);
 
   const Loader loader;
   const bool x_cols = m0 + loader.col < cin, g_cols = n0 + loader.col < cout;
@@ -187,14 +189,15 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
     __syncthreads();
     if (step + kStages - 1 < steps) issue_next();
     cp_async_commit();
+    // This warp's K slice of the step: rows wk * kSliceK on of both k-major operands.
     const int stage = step % kStages;
-    const T* As = stages + stage * Smem::kStage;
-    const T* Bs = As + BK * kLdA;
+    const T* As = stages + stage * Smem::kStage + wk * kSliceK * kLdA;
+    const T* Bs = stages + stage * Smem::kStage + BK * kLdA + wk * kSliceK * kLdB;
+    const float* sc = s_scale + stage * BK + wk * kSliceK;
     if constexpr (kExact) {
-      tile.template mma<BK>(As + wm * WM, kLdA, Bs + wn * WN, kLdB, a.scale ? s_scale + stage * BK : nullptr);
+      tile.template mma<kSliceK>(As + wm * WM, kLdA, Bs + wn * WN, kLdB, a.scale ? sc : nullptr);
     } else if (a.scale) {
-      const float* sc = s_scale + stage * BK;
-      tile.template mma<BK, true>(As + wm * WM, kLdA, Bs + wn * WN, kLdB, [&](int k, auto& fb) {
+      tile.template mma<kSliceK, true>(As + wm * WM, kLdA, Bs + wn * WN, kLdB, [&](int k, auto& fb) {
         if constexpr (std::is_same_v<T, float>) {
           // TF32 fragment rows of this thread: k + tig in register 0, k + tig + 4 in register 1.
           const float s0 = sc[k + tig], s4 = sc[k + tig + 4];
@@ -215,16 +218,15 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
         }
       });
     } else {
-      tile.template mma<BK, true>(As + wm * WM, kLdA, Bs + wn * WN, kLdB);
+      tile.template mma<kSliceK, true>(As + wm * WM, kLdA, Bs + wn * WN, kLdB);
     }
   }
   cp_async_wait<0>();
 
   const int64_t rel_block = (t.relation * a.groups + g) * int64_t{cin} * cout;
   float* partial = a.partial ? a.partial + (int64_t{blockIdx.x} * a.groups + g) * int64_t{cin} * cout : nullptr;
-  const int row0 = m0 + wm * WM, col0 = n0 + wn * WN;
-  tile.for_each_pair([&](int m, int n, float v0, float v1) {
-    const int r = row0 + m, c = col0 + n;
+  // dW[r, c] and dW[r, c + 1] (c even) of this block's tile.
+  const auto emit = [&](int r, int c, float v0, float v1) {
     if (r >= cin || c >= cout) return;
     const int64_t e = int64_t{r} * cout + c;
     if (partial && c + 1 < cout) {  // e is even here (16-byte rows: even C_out): one 8-byte store
@@ -235,30 +237,51 @@ __device__ __forceinline__ void weight_grad_mma_tile(const WeightGradArgs<T, Idx
       atomicAdd(a.dw + rel_block + e, v0);
       if (c + 1 < cout) atomicAdd(a.dw + rel_block + e + 1, v1);
     }
-  });
+  };
+  if constexpr (WK == 1) {
+    const int row0 = m0 + wm * WM, col0 = n0 + wn * WN;
+    tile.for_each_pair([&](int m, int n, float v0, float v1) { emit(row0 + m, col0 + n, v0, v1); });
+  } else {
+    // The K slices' sums meet in shared memory (the stages, free once every warp is past its last
+    // step) and are added in slice order, so the tile's sum does not depend on warp timing.
+    static_assert(WK * BM * BN * sizeof(float) <= kStages * Smem::kStageBytes, "the slice sums fit the stages");
+    float* sums = reinterpret_cast<float*>(smem);
+    __syncthreads();
+    tile.for_each_pair([&](int m, int n, float v0, float v1) {
+      float* p = sums + (wk * BM + wm * WM + m) * BN + wn * WN + n;
+      p[0] = v0, p[1] = v1;
+    });
+    __syncthreads();
+    for (int e = 2 * static_cast<int>(threadIdx.x); e < BM * BN; e += 2 * kThreads) {
+      float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+      for (int q = 0; q < WK; ++q) v0 += sums[q * BM * BN + e], v1 += sums[q * BM * BN + e + 1];
+      emit(m0 + e / BN, n0 + e % BN, v0, v1);
+    }
+  }
 }
 
 // Stems' short x rows take the 32 x 32 tiles only (choice::weight_grad_kernel), so the wider tiles
 // carry one instantiation.
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int WK, int kStages, bool kExact>
 __device__ __forceinline__ void weight_grad_tile_of_width(const WeightGradArgs<T, Idx>& a, const PairTile& t,
                                                           unsigned char* smem) {
   if constexpr (BM == 32) {
     if (!a.vec_x) {
-      weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages, kExact, true>(a, t, smem);
+      weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, WK, kStages, kExact, true>(a, t, smem);
       return;
     }
   }
-  weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, kStages, kExact, false>(a, t, smem);
+  weight_grad_mma_tile<T, Idx, BM, BN, BK, WM, WN, WK, kStages, kExact, false>(a, t, smem);
 }
 
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int WK, int kStages, bool kExact>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WK * 32)
     conv_weight_grad_mma(const WeightGradArgs<T, Idx> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const PairTile t =
       locate_tile(a.rel_ptr, a.tile_ptr, a.num_relations, a.num_pairs, a.tile_ptr[a.num_relations + 1], blockIdx.x);
-  if (t.valid) weight_grad_tile_of_width<T, Idx, BM, BN, BK, WM, WN, kStages, kExact>(a, t, smem);
+  if (t.valid) weight_grad_tile_of_width<T, Idx, BM, BN, BK, WM, WN, WK, kStages, kExact>(a, t, smem);
 }
 
 // The weight gradient in one cooperative launch (every block resident at once), where the split
@@ -276,8 +299,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 // their latency (H100, subm 3^3 fp16, kernel us, 64-beam scan / four scans / room-3cm: C128 206 ->
 // 110 / 696 -> 345 / 1995 -> 967; TF32 C128 355 -> 197 / 1304 -> 697 / 3915 -> 2032). (The split
 // exact fp32 kernel would spill under that budget.)
-template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kExact>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, BM >= 128 ? 2 : 1)
+template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int WK, int kStages, bool kExact>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WK * 32, BM >= 128 ? 2 : 1)
     conv_weight_grad_mma_fused(const WeightGradArgs<T, Idx> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ PairTile s_tile;
@@ -289,7 +312,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, BM >= 128 ? 2 : 1)
   }
   __syncthreads();
   const PairTile t = s_tile;
-  if (t.valid) weight_grad_tile_of_width<T, Idx, BM, BN, BK, WM, WN, kStages, kExact>(a, t, smem);
+  if (t.valid) weight_grad_tile_of_width<T, Idx, BM, BN, BK, WM, WN, WK, kStages, kExact>(a, t, smem);
   cooperative_groups::this_grid().sync();
 
   // Phase 3. kParts consecutive lanes share an output quad (4 floats; per_relation is a multiple of 4:

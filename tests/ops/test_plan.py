@@ -163,6 +163,12 @@ def test_pairs_kernel_choice(dtype, cout, extra, expected):
     ("dtype", "arch", "cin", "cout", "extra", "expected"),
     [
         ("float16", H100, 32, 32, {}, "weight_grad_mma_32"),
+        # C16: a 16 x 16 tile whose four warps split each K step.
+        ("float16", H100, 16, 16, {}, "weight_grad_mma_16"),
+        ("bfloat16", H100, 8, 16, {}, "weight_grad_mma_16"),
+        ("float32", H100, 16, 16, {"allow_tf32": True}, "weight_grad_mma_16"),
+        ("float32", H100, 16, 16, {}, "weight_grad_exact_32"),
+        ("float16", H100, 16, 32, {}, "weight_grad_mma_32"),
         ("float16", H100, 64, 128, {}, "weight_grad_mma_64"),
         ("bfloat16", H100, 128, 128, {}, "weight_grad_mma_128"),
         ("float16", H100, 96, 96, {}, "weight_grad_mma_128"),

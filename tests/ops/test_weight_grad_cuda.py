@@ -46,7 +46,8 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("with_scale", [False, True], ids=["unscaled", "scaled"])
-# (C_in, C_out, groups): the 32 / 64 / 128 pipelined tiles, partial column tiles (24 -> 40, 128 ->
+# (C_in, C_out, groups): the 16 (K split over four warps) / 32 / 64 / 128 pipelined tiles, 8 -> 16
+# and 16 -> 8 on the 16 tile, partial column tiles (24 -> 40, 128 ->
 # 96, 96 -> 96, 160 -> 96, 200), rectangular (32 -> 64), grouped, 12 -> 20 (16-bit rows that are not
 # 16-byte vectors: the SIMT fallback), and stems: x rows of 4 or 8 bytes, one cp.async each in the
 # pipelined kernel (4 -> 32; 4 -> 64 on two column tiles; 2 -> 16; 8 -> 32 in two groups of 4; 1 ->
@@ -55,6 +56,8 @@ def _inputs(num_in, num_out, cin, cout, dtype, seed=3):
     "cin,cout,groups",
     [
         (16, 16, 1),
+        (8, 16, 1),
+        (16, 8, 1),
         (32, 32, 1),
         (24, 40, 1),
         (64, 64, 1),
@@ -120,10 +123,11 @@ def test_unaligned_rows_take_the_fallback(dtype, cin):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-def test_the_one_launch_tensor_core_path_is_bitwise_reproducible(dtype):
+@pytest.mark.parametrize("channels", [64, 16])
+def test_the_one_launch_tensor_core_path_is_bitwise_reproducible(dtype, channels):
     """No atomics in the cooperative kernel: the same bits call after call, deterministic switch off."""
     rmap = random_map(3000, 2800, 27, 60000, "cuda", torch.int32, with_scale=False)
-    x, grad = _inputs(3000, 2800, 64, 64, dtype)
+    x, grad = _inputs(3000, 2800, channels, channels, dtype)
     with allow_tf32(dtype == torch.float32):  # fp32 takes the tensor cores in TF32 mode
         first = relational_conv_weight_grad(x, grad, rmap)
         for _ in range(3):
@@ -133,7 +137,7 @@ def test_the_one_launch_tensor_core_path_is_bitwise_reproducible(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("cin,cout", [(32, 32), (64, 64), (128, 128)])
+@pytest.mark.parametrize("cin,cout", [(16, 16), (32, 32), (64, 64), (128, 128)])
 def test_a_captured_graph_records_the_split_kernels(deterministic, dtype, cin, cout):
     """Under capture the weight gradient takes the split kernels (schedule, tiles, reduction or
     rounding); replayed, they agree with the eager one-launch result and the reference."""
