@@ -218,29 +218,48 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
   __syncthreads();
   unsigned busy = 0;
   if constexpr (sizeof(Idx) == sizeof(int32_t)) {
-    static_assert(kPerThread <= 32, "one bit per copied entry");
-    unsigned copied = 0;  // bit it: entry it was read (not zero-filled)
+    // Thread t copies relation j = t % kRelChunk of tile rows t / kRelChunk + it * kRowStep: one table
+    // column pointer per thread, and an empty slot (no output row, or past the chunk's width) stored
+    // as -1 rather than copied, so the check is one unsigned compare per entry (an entry is valid iff
+    // it lies in [0, min(num_in, 2^31))) and the thread's busy bit is bit j alone. Per-entry index
+    // arithmetic here was most of a C16 layer's instructions (ncu, batch4-64beam: 27 of 39 M); H200,
+    // cached subm 3^3 fp16 forward, kernel us, batch4-64beam / room-3cm / aggregate-1m: C16 77 -> 58
+    // / 119 -> 102 / 328 -> 294, C8 -> 16 71 -> 52 / 96 -> 78 / 262 -> 211, C64 105 -> 93 / 212 ->
+    // 201 / 539 -> 506.
+    static_assert(kThreads % kRelChunk == 0, "a thread keeps one relation of the chunk");
+    constexpr int kRowStep = kThreads / kRelChunk;
+    const int j = static_cast<int>(threadIdx.x) % kRelChunk, i0 = static_cast<int>(threadIdx.x) / kRelChunk;
+    const int32_t* column = a.table + c0 + j;
+    const auto relations = static_cast<uint32_t>(a.num_relations);
+    const bool in_chunk = j < width;
     // Partly unrolled: wholly unrolled, the loops took the 128 x 64 mma.sync kernel from 73 to 122
     // registers (a block less per SM); not unrolled, the checks' dependent shared loads run one by one.
 #pragma unroll 4
     for (int it = 0; it < kPerThread; ++it) {
-      const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
-      if (kEntries % kThreads != 0 && idx >= kEntries) break;
-      const int64_t o = j < width ? s_out[i] : -1;
-      cp_async_small<4>(s_rows + i * kRowsLd + j, o >= 0 ? a.table + o * a.num_relations + c0 + j : a.table, o >= 0);
-      if (o >= 0) copied |= 1u << it;
+      const int i = i0 + it * kRowStep;
+      if (kEntries % kThreads != 0 && i >= BM) break;
+      const int64_t o = in_chunk ? s_out[i] : -1;
+      int32_t* dst = s_rows + i * kRowsLd + j;
+      if (o >= 0) {
+        cp_async_small<4>(dst, column + static_cast<uint64_t>(o) * relations, true);
+      } else {
+        *dst = -1;
+      }
     }
     cp_async_commit();
     cp_async_wait<0>();
+    const auto bound = static_cast<uint32_t>(min(a.num_in, int64_t{1} << 31));
+    bool any = false;
 #pragma unroll 8
     for (int it = 0; it < kPerThread; ++it) {
-      const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
-      if (kEntries % kThreads != 0 && idx >= kEntries) break;
+      const int i = i0 + it * kRowStep;
+      if (kEntries % kThreads != 0 && i >= BM) break;
       int32_t& v = s_rows[i * kRowsLd + j];
-      const bool in = (copied >> it & 1u) && v >= 0 && v < a.num_in;
+      const bool in = static_cast<uint32_t>(v) < bound;
       if (!in) v = -1;
-      if (in) busy |= 1u << j;
+      any |= in;
     }
+    busy = static_cast<unsigned>(any) << j;
   } else {
 #pragma unroll 4
     for (int it = 0; it < kPerThread; ++it) {
