@@ -299,6 +299,17 @@ struct TableMmaSmem {
   static_assert((BM * kLdA * sizeof(T)) % 16 == 0 && kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
 };
 
+// Blocks per SM that ptxas must fit in registers: as many as shared memory allows (the stages and
+// rows, the static s_out and s_chunk, the 1 KB the driver reserves per block) for 64-row tiles, none
+// for 128-row tiles, which spill under that cap. The 64 x 16 C16 kernel: 96 -> 80 registers, 5 -> 6
+// blocks per SM; H200, cached C16 fp16 forward of a batch of four 64-beam scans 58.0 -> 53.6 us. The
+// 64 x 32 and 64 x 64 kernels lose their spills.
+template <typename T, int BM, int BN, int BK, int kStages, bool kWeightT>
+constexpr int table_mma_min_blocks() {
+  constexpr int kBytes = TableMmaSmem<T, BM, BN, BK, kStages, kWeightT>::kBytes + BM * 8 + 256 + 1024;
+  return BM == 64 ? (228 * 1024) / kBytes : 0;
+}
+
 // kWeightT (whole tiles of 16-bit types only): a.weight is W^T's storage, and the B stages hold
 // [BN][BK] slabs of its rows, so the input gradient needs no transposed copy of the weight (a launch
 // and an allocation per backward); the products and their order are the same as over the copy.
@@ -306,7 +317,7 @@ struct TableMmaSmem {
 // GPU time unchanged (python -m benchmarks.run --suite voxel, fwd+bwd rows).
 template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kFull, bool kExact,
           bool kWeightT = false>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, table_mma_min_blocks<T, BM, BN, BK, kStages, kWeightT>())
     conv_forward_table_mma(const ConvTableArgs<T, Idx> a) {
   static_assert(!kWeightT || (kFull && !kExact && sizeof(T) == 2), "W^T in place: whole 16-bit tiles only");
   using Smem = TableMmaSmem<T, BM, BN, BK, kStages, kWeightT>;
