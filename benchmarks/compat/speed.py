@@ -10,7 +10,10 @@ fp16 (autocast with fp16 features), on a batch of four 64-beam scans, timed by t
 (`benchmarks.harness.timing.measure`: medians of synchronised-call latency and of queued
 throughput). A library's input tensor is built inside every call (one scan batch, fresh maps), as a
 training or inference loop over new scans does. The summary gives the real library's time over the
-shim's (the issue's bar: >= 1.5) and the shim's time over the native twin's (bar: <= 1.05).
+shim's (the bar: >= 1.5) and the shim's time over the native twin's (bar: <= 1.05).
+`--rounds N` runs every child N times, the libraries in a rotated order each round, so that a
+drift of the host's speed falls on every library alike: each time is the median over the rounds,
+each ratio the median of the rounds' ratios (both from the same round).
 Writes speed.json and speed.md to OUT_DIR after every child.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -29,6 +33,7 @@ HEADER = ("backbone", "dtype", "phase", "real", "shim", "native")
 HEADER += ("real/shim lat", "real/shim queued", "real/shim GPU", "shim/native lat", "shim/native queued")
 METRICS = ("latency_ms", "throughput_ms", "gpu_ms")
 SPEEDUP_BAR = 1.5
+RATIOS = (("real_over_shim", "real", "shim"), ("shim_over_native", "shim", "native"))
 OVERHEAD_BAR = 1.05
 
 
@@ -38,20 +43,41 @@ def _ratio(num: dict | None, den: dict | None, key: str) -> float | None:
     return num[key] / den[key]
 
 
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _over_rounds(rows: list[dict]) -> dict:
+    """One library's rows of a case over the rounds: the first round's row with each metric the median
+    over the rounds that timed it (an error row where no round did)."""
+    timed = [r for r in rows if "error" not in r]
+    if not timed:
+        return rows[0]
+    out = dict(timed[0], rounds=len(timed))
+    for metric in METRICS:
+        out[metric] = _median([r.get(metric) for r in timed])
+    return out
+
+
 def summarise(results: list[dict]) -> list[dict]:
-    """One row per (backbone, dtype, phase) with every library's times and the two ratios."""
+    """One row per (backbone, dtype, phase) with every library's times and the two ratios, over
+    the rounds (`round` of each result; 0 when absent)."""
     table: dict[tuple, dict] = {}
     for r in results:
         for row in r.get("rows", []):
             key = (r["backbone"], row["dtype"], row["phase"])
-            table.setdefault(key, {"backbone": key[0], "dtype": key[1], "phase": key[2]})[
-                r["library_kind"]
-            ] = row
+            by_round = table.setdefault(key, {})
+            by_round.setdefault(r.get("round", 0), {})[r["library_kind"]] = row
     out = []
-    for row in table.values():
+    for key, by_round in table.items():
+        row = {"backbone": key[0], "dtype": key[1], "phase": key[2]}
+        for library in {lib for libs in by_round.values() for lib in libs}:
+            row[library] = _over_rounds([libs[library] for libs in by_round.values() if library in libs])
         for metric in METRICS:
-            row[f"real_over_shim_{metric}"] = _ratio(row.get("real"), row.get("shim"), metric)
-            row[f"shim_over_native_{metric}"] = _ratio(row.get("shim"), row.get("native"), metric)
+            for name, num, den in RATIOS:
+                ratios = [_ratio(libs.get(num), libs.get(den), metric) for libs in by_round.values()]
+                row[f"{name}_{metric}"] = _median(ratios)
         out.append(row)
     return out
 
@@ -77,6 +103,8 @@ def _cells(*values) -> str:
 
 def markdown(results: list[dict]) -> str:
     fast, cheap = (lambda v: v >= SPEEDUP_BAR), (lambda v: v <= OVERHEAD_BAR)
+    rounds = len({r.get("round", 0) for r in results})
+    over_rounds = f" Medians over {rounds} rounds, ratios paired within each round." if rounds > 1 else ""
     lines = [
         "# Shim speed on downstream backbones",
         "",
@@ -84,7 +112,7 @@ def markdown(results: list[dict]) -> str:
         "profiler, with its kernel launches and host waits; the costliest kernels are in speed.json). "
         "real/shim: the real library's time over the shim's "
         f"(bar >= {SPEEDUP_BAR}); shim/native: the shim's time over relconv's native twin's "
-        f"(bar <= {OVERHEAD_BAR}). (!) marks a ratio that misses its bar.",
+        f"(bar <= {OVERHEAD_BAR}). (!) marks a ratio that misses its bar.{over_rounds}",
         "",
         _cells(*HEADER),
         _cells(*["---"] * len(HEADER)),
@@ -121,6 +149,7 @@ def parse(argv=None):
     p.add_argument("--queued-blocks", type=int, default=3)
     p.add_argument("--warmup-runs", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per child process")
+    p.add_argument("--rounds", type=int, default=1, help="children per (backbone, library), in rotated order")
     p.add_argument(
         "--dry-run", action="store_true", help="CPU, tiny scans, fp32, shim and native only, 3 runs"
     )
@@ -128,6 +157,8 @@ def parse(argv=None):
     if args.dry_run:
         args.device, args.tiny, args.dtypes, args.libraries = "cpu", True, "fp32", "shim,native"
         args.runs, args.queued_blocks, args.warmup_runs = 3, 1, 1
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     args.libraries = [x for x in args.libraries.split(",") if x]
     args.backbones = [b for b in args.backbones.split(",") if b]
     bad = [b for b in args.backbones if b not in bb.BACKBONES]
@@ -150,19 +181,22 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="relconv-compat-") as tmp:
-        for name in args.backbones:
-            for library in args.libraries:
-                if library == "native" and name not in native.TWINS:
-                    continue
-                out = Path(tmp) / f"{name}-{library}.json"
-                err = run_child(_child_args(name, library, out, Path(tmp), args), args.timeout)
-                result = {"backbone": name, "error": err} if err else json.loads(out.read_text())
-                result["library_kind"] = library
-                results.append(result)
-                summary = {"results": results, "summary": summarise(results)}
-                (args.out / "speed.json").write_text(json.dumps(summary, indent=1))
-                (args.out / "speed.md").write_text(markdown(results))
-                print(f"{name} / {library}:", "error: " + err.splitlines()[-1] if err else "done", flush=True)
+        for rnd in range(args.rounds):
+            for name in args.backbones:
+                shift = rnd % len(args.libraries)
+                for library in args.libraries[shift:] + args.libraries[:shift]:
+                    if library == "native" and name not in native.TWINS:
+                        continue
+                    out = Path(tmp) / f"{name}-{library}.json"
+                    err = run_child(_child_args(name, library, out, Path(tmp), args), args.timeout)
+                    result = {"backbone": name, "error": err} if err else json.loads(out.read_text())
+                    result.update(library_kind=library, round=rnd)
+                    results.append(result)
+                    summary = {"results": results, "summary": summarise(results)}
+                    (args.out / "speed.json").write_text(json.dumps(summary, indent=1))
+                    (args.out / "speed.md").write_text(markdown(results))
+                    status = "error: " + err.splitlines()[-1] if err else "done"
+                    print(f"round {rnd}: {name} / {library}:", status, flush=True)
     print(markdown(results))
     return 0
 

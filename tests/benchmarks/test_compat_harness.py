@@ -4,6 +4,7 @@ needs their snapshots and the libraries (see benchmarks/compat/README.md)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,58 @@ def test_speed_table_gives_gpu_time_and_its_ratio():
     text = speed.markdown(results)
     assert "| B | fp32 | inference | 6.00 / 6.00 / 4.00 (10 launches, 0 waits) |" in text
     assert "| 2.00 | 2.00 | 1.60 | - | - |" in text
+
+
+def test_speed_rounds_take_medians_and_pair_ratios_within_a_round():
+    from benchmarks.compat import speed
+
+    def lib(kind, ms, rnd):
+        row = {"dtype": "fp16", "phase": "training", "latency_ms": ms, "throughput_ms": ms, "gpu_ms": ms / 2}
+        row.update(kernel_launches=10, host_syncs=0)
+        return {"backbone": "B", "library_kind": kind, "library": kind, "round": rnd, "rows": [row]}
+
+    # The host is twice as slow in round 1: the shim's rounds read 2.0 / 2.0 / 2.1 of the native twin's.
+    results = [lib("shim", 2.0, 0), lib("native", 1.0, 0), lib("shim", 8.0, 1), lib("native", 4.0, 1)]
+    results += [lib("shim", 2.1, 2), lib("native", 1.0, 2)]
+    (row,) = speed.summarise(results)
+    assert row["shim"]["latency_ms"] == 2.1 and row["native"]["latency_ms"] == 1.0
+    assert row["shim"]["rounds"] == 3
+    assert row["shim_over_native_latency_ms"] == pytest.approx(2.0)  # not 2.1 / 1.0
+    assert row["real_over_shim_latency_ms"] is None
+    assert "Medians over 3 rounds" in speed.markdown(results)
+    failed = [
+        {
+            "backbone": "B",
+            "library_kind": "shim",
+            "round": 0,
+            "rows": [{"dtype": "fp16", "phase": "training", "error": "E"}],
+        }
+    ]
+    (row,) = speed.summarise(failed + results[1:2])
+    assert row["shim"] == {"dtype": "fp16", "phase": "training", "error": "E"}
+    assert row["shim_over_native_latency_ms"] is None
+
+
+def test_speed_rounds_rotate_the_libraries(monkeypatch, tmp_path):
+    from benchmarks.compat import speed
+
+    order = []
+
+    def child(cmd, timeout):
+        name, library, out = cmd[1], cmd[2], cmd[3]
+        order.append(library)
+        row = {"dtype": "fp32", "phase": "inference", "latency_ms": 1.0, "throughput_ms": 1.0}
+        Path(out).write_text(json.dumps({"library": library, "backbone": name, "rows": [row]}))
+        return None
+
+    monkeypatch.setattr(speed, "run_child", child)
+    argv = ["--out", str(tmp_path), "--backbones", "SparseResNet21D", "--libraries", "real,shim,native"]
+    assert speed.main(argv + ["--rounds", "3", "--device", "cpu"]) == 0
+    assert order == ["real", "shim", "native", "shim", "native", "real", "native", "real", "shim"]
+    saved = json.loads((tmp_path / "speed.json").read_text())
+    assert [r["round"] for r in saved["results"]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    with pytest.raises(SystemExit):
+        speed.parse(["--out", str(tmp_path), "--rounds", "0"])
 
 
 def test_repeated_steps_are_judged_by_their_median_error():
