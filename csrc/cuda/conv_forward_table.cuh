@@ -299,15 +299,20 @@ struct TableMmaSmem {
   static_assert((BM * kLdA * sizeof(T)) % 16 == 0 && kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
 };
 
+// Blocks of `bytes` of shared memory each (dynamic and static) that fit one sm_90 SM: 228 KiB, of
+// which the driver reserves 1 KiB per resident block.
+constexpr int blocks_per_sm(int bytes) { return (228 * 1024) / (bytes + 1024); }
+
 // Blocks per SM that ptxas must fit in registers: as many as shared memory allows (the stages and
-// rows, the static s_out and s_chunk, the 1 KB the driver reserves per block) for 64-row tiles, none
-// for 128-row tiles, which spill under that cap. The 64 x 16 C16 kernel: 96 -> 80 registers, 5 -> 6
-// blocks per SM; H200, cached C16 fp16 forward of a batch of four 64-beam scans 58.0 -> 53.6 us. The
-// 64 x 32 and 64 x 64 kernels lose their spills.
+// rows, the static s_out and s_chunk) for 64-row tiles, none for 128-row tiles, which spill under
+// that cap. The 64 x 16 C16 kernel: 96 -> 80 registers, 5 -> 6 blocks per SM; H200, cached C16 fp16
+// forward of a batch of four 64-beam scans 58.0 -> 53.6 us. The 64 x 32 and 64 x 64 kernels lose
+// their spills.
 template <typename T, int BM, int BN, int BK, int kStages, bool kWeightT>
 constexpr int table_mma_min_blocks() {
-  constexpr int kBytes = TableMmaSmem<T, BM, BN, BK, kStages, kWeightT>::kBytes + BM * 8 + 256 + 1024;
-  return BM == 64 ? (228 * 1024) / kBytes : 0;
+  constexpr int kBytes = TableMmaSmem<T, BM, BN, BK, kStages, kWeightT>::kBytes +
+                         BM * static_cast<int>(sizeof(int64_t)) + static_cast<int>(sizeof(RelationChunk));
+  return BM == 64 ? blocks_per_sm(kBytes) : 0;
 }
 
 // kWeightT (whole tiles of 16-bit types only): a.weight is W^T's storage, and the B stages hold

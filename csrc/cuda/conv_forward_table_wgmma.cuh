@@ -66,8 +66,8 @@ struct WgmmaTableConfig {
   // + 1024: the swizzle atoms repeat every 1024 bytes and must start on such a boundary.
   static constexpr int kBytes = kBytesA + kBytesB + kBytesRows + kBytesOut + 1024;
   static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "stages keep 1024-byte alignment");
-  // Two CTAs per SM where their shared memory fits (228 KiB per SM, 1 KiB of it reserved per CTA).
-  static constexpr int kMinBlocks = 2 * (kBytes + 1024) <= 228 * 1024 ? 2 : 1;
+  // Two CTAs per SM where their shared memory fits.
+  static constexpr int kMinBlocks = blocks_per_sm(kBytes) >= 2 ? 2 : 1;
 };
 
 // Epilogue of both Hopper table kernels: tile row m goes to output row out_rows[m] (none if < 0),
