@@ -33,8 +33,8 @@ HEADER = ("backbone", "dtype", "phase", "real", "shim", "native")
 HEADER += ("real/shim lat", "real/shim queued", "real/shim GPU", "shim/native lat", "shim/native queued")
 METRICS = ("latency_ms", "throughput_ms", "gpu_ms")
 SPEEDUP_BAR = 1.5
-RATIOS = (("real_over_shim", "real", "shim"), ("shim_over_native", "shim", "native"))
 OVERHEAD_BAR = 1.05
+RATIOS = (("real_over_shim", "real", "shim"), ("shim_over_native", "shim", "native"))
 
 
 def _ratio(num: dict | None, den: dict | None, key: str) -> float | None:
@@ -182,9 +182,10 @@ def main(argv=None) -> int:
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="relconv-compat-") as tmp:
         for rnd in range(args.rounds):
+            shift = rnd % len(args.libraries)
+            libraries = args.libraries[shift:] + args.libraries[:shift]
             for name in args.backbones:
-                shift = rnd % len(args.libraries)
-                for library in args.libraries[shift:] + args.libraries[:shift]:
+                for library in libraries:
                     if library == "native" and name not in native.TWINS:
                         continue
                     out = Path(tmp) / f"{name}-{library}.json"
