@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -296,6 +297,8 @@ class RelationalMap:
         a relation becomes a slot with several inputs.
         """
         t = self._cache.get("transpose")
+        if isinstance(t, weakref.ref):
+            t = t()
         if t is None:
             if self.injective and not self.has_pairs and self.device.type == "cuda":
                 t = RelationalMap.from_neighbor_table(
@@ -322,7 +325,9 @@ class RelationalMap:
                 for mine, theirs in swapped:
                     if mine in self._cache:
                         t._cache.setdefault(theirs, self._cache[mine])
-            t._cache["transpose"] = self
+            # The transpose links back weakly: two strong links would make a reference cycle, and
+            # both maps' tables would stay on the device until Python's cycle collector ran.
+            t._cache["transpose"] = weakref.ref(self)
             self._cache["transpose"] = t
         return t
 

@@ -1,5 +1,8 @@
 """RelationalMap: sorting, CSR offsets, derived layouts, device moves."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -44,6 +47,33 @@ def test_transpose_swaps_roles_and_is_cached(device):
     assert t.num_in == 25 and t.num_out == 30
     assert torch.equal(t.in_index, m.out_index) and torch.equal(t.out_index, m.in_index)
     assert t is m.transpose() and t.transpose() is m
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("injective", [False, True])
+def test_a_map_and_its_transpose_go_without_the_cycle_collector(device, injective):
+    # A map and its transpose must not keep each other alive: their tables are device memory,
+    # which a reference cycle would hold until Python's cycle collector runs.
+    if injective:
+        table = torch.tensor([[0, -1], [2, 0], [-1, 1]], dtype=torch.int32, device=device)
+        m = RelationalMap.from_neighbor_table(table, 3, injective=True)
+    else:
+        m = RelationalMap.from_triples(*_triples(), 30, 25, 7).to(device)
+    gc.collect()
+    gc.disable()
+    try:
+        t = m.transpose()
+        gone = weakref.ref(m)
+        del m
+        assert gone() is None
+        # The transpose alone still transposes back, to an equal map.
+        back = t.transpose()
+        assert back.num_in == t.num_out and back.transpose() is t
+        gone = weakref.ref(t)
+        del t, back
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("device", DEVICES)
