@@ -63,3 +63,21 @@ def cuda_kernels(fn) -> list[str]:
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def cyclic_garbage(fn) -> list[str]:
+    """Type names of the objects that `fn()` leaves in reference cycles: what only Python's cycle
+    collector would free (device memory, for tensors on a GPU)."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        fn()
+        gc.collect()
+        return sorted(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()

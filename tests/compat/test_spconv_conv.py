@@ -16,7 +16,7 @@ from tests.compat.spconv_refs import (
     random_tensor,
     site_set,
 )
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, cyclic_garbage
 
 SHAPES = {3: [7, 6, 5], 2: [9, 8]}
 
@@ -171,6 +171,22 @@ def test_inverse_conv_restores_the_strided_layers_sites(ndim, k, s, p, device):
     out = _check_against_dense(coarse, up, reference)
     assert torch.equal(out.indices, x.indices)  # same rows in the same order: features line up with x
     assert out.spatial_shape == x.spatial_shape
+
+
+def test_a_strided_map_and_its_inverse_go_without_the_cycle_collector():
+    # The inverse conv runs over the transpose of its strided layer's map: both go with the call.
+    torch.manual_seed(0)
+    net = spconv.SparseSequential(
+        spconv.SubMConv3d(3, 4, 3, indice_key="fine"),
+        spconv.SparseConv3d(4, 8, 3, 2, 1, indice_key="down"),
+        spconv.SparseInverseConv3d(8, 4, 3, indice_key="down"),
+    )
+
+    def step():
+        net(random_tensor([8, 8, 8], 2, 80, 3, seed=11)).features.sum().backward()
+
+    step()
+    assert cyclic_garbage(step) == []
 
 
 def test_subm_equals_relconvs_native_conv3d():

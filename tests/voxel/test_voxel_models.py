@@ -1,12 +1,11 @@
 """MinkUNet and ResNet forward/backward smoke on a small synthetic scan; training step works."""
 
-import gc
-
 import torch
 
 from relconv.voxel import BatchNorm, Conv3d, Dropout, LeakyReLU, Sequential, VoxelTensor, voxelize
 from relconv.voxel.models import MinkUNet, ResNet
 from relconv.voxel.synthetic import raycast_scan
+from tests.conftest import cyclic_garbage
 
 
 def _small_scan(voxel=0.4):
@@ -28,9 +27,7 @@ def test_minkunet_forward_backward():
 
 
 def test_minkunet_frees_its_maps_without_the_cycle_collector():
-    # Every map a call builds (and its transpose, for the decoder) goes with the call's tensors:
-    # a reference cycle among them would hold their tables, device memory on a GPU, until Python's
-    # cycle collector ran.
+    # Every map a call builds (and its transpose, for the decoder) goes with the call's tensors.
     torch.manual_seed(0)
     v = _small_scan()
     model = MinkUNet(in_channels=4, num_classes=5, width=0.25)
@@ -39,18 +36,7 @@ def test_minkunet_frees_its_maps_without_the_cycle_collector():
         model(VoxelTensor(v.tensor.feats, v.tensor.coords)).square().mean().backward()
 
     step()
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        step()
-        found = gc.collect()
-        kinds = sorted({type(o).__name__ for o in gc.garbage})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert found == 0, f"a training step left {found} objects in reference cycles: {kinds}"
+    assert cyclic_garbage(step) == []
 
 
 def test_resnet_classifier_and_training_step():
