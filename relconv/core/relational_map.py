@@ -285,6 +285,21 @@ class RelationalMap:
             f"index_dtype={self.index_dtype}, scale={self.scale is not None}, device={self.device})"
         )
 
+    def __getstate__(self) -> dict:
+        # Pickles and deep copies carry the cached views but not a transpose's weak link back to its
+        # map (see `transpose`): a map restores the link to its transpose, while a transpose restored
+        # alone builds its map again when asked.
+        state = {n: getattr(self, n) for n in self.__slots__ if n not in ("_cache", "__weakref__")}
+        state["_cache"] = {k: v for k, v in self._cache.items() if not isinstance(v, weakref.ref)}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        t = self._cache.get("transpose")
+        if isinstance(t, RelationalMap):  # this map's own transpose, restored with it: link it back
+            t._cache["transpose"] = weakref.ref(self)
+
     # ------------------------------------------------------------------ derived maps
     def transpose(self) -> RelationalMap:
         """The map with inputs and outputs swapped (transposed conv, input gradient). Cached.

@@ -1,5 +1,8 @@
 """RelationalMap: sorting, CSR offsets, derived layouts, device moves."""
 
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -64,6 +67,20 @@ def test_a_map_and_its_transpose_go_without_the_cycle_collector(device, injectiv
     assert (back.num_in, back.num_out) == (want.num_in, want.num_out)
     assert torch.equal(back.in_index, want.in_index) and torch.equal(back.out_index, want.out_index)
     assert torch.equal(back.rel_ptr, want.rel_ptr)
+
+
+@pytest.mark.parametrize(
+    "copy_map", [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))], ids=["deepcopy", "pickle"]
+)
+def test_a_map_and_its_transpose_copy_and_pickle(copy_map):
+    m = RelationalMap.from_triples(*_triples(), 30, 25, 7)
+    t = m.transpose()
+    m2, t2 = copy_map(m), copy_map(t)
+    assert torch.equal(m2.in_index, m.in_index) and torch.equal(m2.transpose().in_index, t.in_index)
+    assert m2.transpose().transpose() is m2
+    # The copied transpose lost its weak link back and builds its map anew.
+    back = t2.transpose()
+    assert back is not m and torch.equal(back.in_index, m.in_index) and back.transpose() is t2
 
 
 @pytest.mark.parametrize("device", DEVICES)
