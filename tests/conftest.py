@@ -5,6 +5,7 @@ A GPU test says so in one way only: the `cuda` marker (on the test, its module's
 are skipped here where no GPU exists, and `pytest -m cuda` selects exactly them on the GPU host."""
 
 import contextlib
+import gc
 
 import pytest
 import torch
@@ -68,8 +69,6 @@ def cuda_kernels(fn) -> list[str]:
 def cyclic_garbage(fn) -> list[str]:
     """Type names of the objects that `fn()` leaves in reference cycles: what only Python's cycle
     collector would free (device memory, for tensors on a GPU)."""
-    import gc
-
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
