@@ -162,8 +162,8 @@ def _breadth_family_set() -> tuple[list[str], list[str]]:
 
 
 # Named family sets for run.py --family-set: selections of the family cases, each small enough for
-# one GPU session (or two with run.py --resume), so that a published family table has one exact
-# command.
+# 30 minutes of GPU time (or two such runs with run.py --resume), so that a published family table
+# has one exact command.
 FAMILY_SETS = {"core": _core_family_set, "breadth": _breadth_family_set}
 
 

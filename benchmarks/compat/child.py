@@ -1,7 +1,7 @@
 """One (backbone, library) in a process of its own: parity outputs or timings, written to a file.
 
     python -m benchmarks.compat.child parity BACKBONE LIBRARY OUT.pt [--state STATE.pt] ...
-    python -m benchmarks.compat.child speed BACKBONE LIBRARY OUT.json ...
+    python -m benchmarks.compat.child speed BACKBONE LIBRARY OUT.json [--with-native] ...
 
 fp16 is as the libraries' users run it: training is mixed precision, fp16 input features under
 `torch.autocast` with fp32 parameters (TorchSparse's convs follow their fp16 operands, spconv's and
@@ -18,7 +18,8 @@ run also saves the initial state_dict, which the shim's and the native twin's ru
 `speed` times inference (eval, `torch.no_grad()`) and a training step (forward, projection, backward)
 with the shared harness timing (`benchmarks.harness.timing.measure`), then profiles the same call on
 CUDA (`benchmarks.harness.instrument.profile_call`: GPU time, kernel launches, host waits, the
-costliest kernels).
+costliest kernels). With `--with-native` the shim and relconv's native twin run in the same
+process, taking turns on every case (`speed`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -35,7 +37,7 @@ import torch
 from benchmarks.compat import backbones as bb
 from benchmarks.compat import native, scenes
 from benchmarks.harness.instrument import profile_call
-from benchmarks.harness.timing import TimingConfig, measure
+from benchmarks.harness.timing import Timing, TimingConfig, measure
 from benchmarks.peers.spconv_peer import on_cpu_without_cuda
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "fp64": torch.float64}
@@ -199,39 +201,87 @@ def parity(side: Side, dtypes: list[str], state_in: Path | None, out: Path, repe
     torch.save(result, out)
 
 
-def speed(side: Side, dtypes: list[str], config: TimingConfig, out: Path) -> None:
-    rows = []
-    for name in dtypes:
-        dtype = DTYPES[name]
-        inputs = [side.features(dtype, requires_grad=False) for _ in range(2)]
+def _case(side: Side, name: str, phase: str):
+    """The timed function of one (dtype, phase) case of `side`, its two inputs and its context."""
+    inputs = [side.features(DTYPES[name], requires_grad=False) for _ in range(2)]
+    if phase == "inference":
 
         def infer(f):
             with torch.no_grad():
                 return side.run(f)
 
-        def train(f, name=name):
-            side.model.zero_grad(set_to_none=True)
-            with precision(name, side.device):
-                loss = projection_loss(side.run(f))
-            loss.backward()
+        return infer, inputs, lambda: inference_precision(side, name)
 
-        for phase, fn, training in (("inference", infer, False), ("training", train, True)):
-            side.model.train(training)
-            context = inference_precision(side, name) if phase == "inference" else contextlib.nullcontext()
-            try:
-                with context:
-                    t = measure(fn, inputs, side.device, config)
-                    # GPU time, launches, host waits and the costliest kernels of the same call
-                    gpu = profile_call(fn, inputs[0], side.device, top=KERNELS_KEPT)
-                row = {"latency_ms": t.latency_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms}
-                row.update(throughput_ms=t.throughput_ms, runs=t.runs, peak_mem_mib=t.peak_mem_mib)
-                row.update(gpu)
-            except Exception as err:  # one failing case must not hide the others' times
-                row = {"error": f"{type(err).__name__}: {err}"}
-            rows.append({"dtype": name, "phase": phase, **row})
-    out.write_text(
-        json.dumps({"library": side.described, "backbone": side.backbone.name, "rows": rows}, indent=1)
-    )
+    def train(f):
+        side.model.zero_grad(set_to_none=True)
+        with precision(name, side.device):
+            loss = projection_loss(side.run(f))
+        loss.backward()
+
+    return train, inputs, contextlib.nullcontext
+
+
+def _merged(timings: list[Timing]) -> dict:
+    """One side's measurements of a case as one row: each time the median of its measurements."""
+
+    def med(field: str) -> float:
+        return statistics.median(getattr(t, field) for t in timings)
+
+    peaks = [t.peak_mem_mib for t in timings if t.peak_mem_mib is not None]
+    row = {"latency_ms": med("latency_ms"), "p20_ms": med("p20_ms"), "p80_ms": med("p80_ms")}
+    row.update(throughput_ms=med("throughput_ms"), runs=sum(t.runs for t in timings))
+    return {**row, "peak_mem_mib": max(peaks) if peaks else None}
+
+
+def _in_case(side: Side, name: str, phase: str, action):
+    """`action(fn, inputs, device)` on `side`'s case, in the case's mode and context."""
+    fn, inputs, context = _case(side, name, phase)
+    side.model.train(phase == "training")
+    with context():
+        return action(fn, inputs, side.device)
+
+
+def speed(sides: list[Side], dtypes: list[str], config: TimingConfig, out: Path) -> None:
+    """Times every (dtype, phase) case of each side and writes one result per side. Two sides (the
+    shim and its native twin in one process) take turns in the order A, B, B, A, and each side's
+    times are the medians of its two measurements: the host's speed, which differs from one process
+    to the next, then falls on both alike, and a drift within the process cancels."""
+    rows: dict[int, list] = {id(side): [] for side in sides}
+    turns = sides + sides[::-1] if len(sides) > 1 else sides
+    timed = lambda fn, inputs, device: measure(fn, inputs, device, config)  # noqa: E731
+    # GPU time, launches, host waits and the costliest kernels of the same call
+    profiled = lambda fn, inputs, device: profile_call(fn, inputs[0], device, top=KERNELS_KEPT)  # noqa: E731
+    for name in dtypes:
+        for phase in ("inference", "training"):
+            timings: dict[int, list] = {id(side): [] for side in sides}
+            failed: dict[int, str] = {}
+            for side in turns:
+                if id(side) in failed:
+                    continue
+                try:
+                    timings[id(side)].append(_in_case(side, name, phase, timed))
+                except Exception as err:  # one failing case must not hide the others' times
+                    failed[id(side)] = f"{type(err).__name__}: {err}"
+            for side in sides:
+                error = failed.get(id(side))
+                if error is None:
+                    try:
+                        row = {**_merged(timings[id(side)]), **_in_case(side, name, phase, profiled)}
+                    except Exception as err:
+                        error = f"{type(err).__name__}: {err}"
+                if error is not None:
+                    row = {"error": error}
+                rows[id(side)].append({"dtype": name, "phase": phase, **row})
+    results = [
+        {
+            "library": side.described,
+            "library_kind": side.library,
+            "backbone": side.backbone.name,
+            "rows": rows[id(side)],
+        }
+        for side in sides
+    ]
+    out.write_text(json.dumps(results, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,10 +302,20 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="parity: fp32 / fp64 training steps, each after the first on a one-ulp perturbed input",
     )
+    p.add_argument(
+        "--with-native",
+        action="store_true",
+        help="speed, with the shim: time relconv's native twin in the same process, turn about",
+    )
     p.add_argument("--runs", type=int, default=TimingConfig.runs)
     p.add_argument("--queued-blocks", type=int, default=3)
     p.add_argument("--warmup-runs", type=int, default=TimingConfig.warmup_runs)
     a = p.parse_args(argv)
+    if a.with_native and (a.mode != "speed" or a.library != "shim"):
+        p.error(
+            "--with-native times the shim beside its native twin: it needs speed mode and library shim, "
+            f"got {a.mode} and {a.library}"
+        )
     dtypes = [d for d in a.dtypes.split(",") if d]
     if any(d not in DTYPES for d in dtypes):
         p.error(f"--dtypes must name some of {sorted(DTYPES)}, got {a.dtypes!r}")
@@ -267,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             parity(side, dtypes, a.state, a.out, a.repeats)
         else:
             config = TimingConfig(warmup_runs=a.warmup_runs, runs=a.runs, queued_blocks=a.queued_blocks)
-            speed(side, dtypes, config, a.out)
+            sides = [side]
+            if a.with_native:
+                sides.append(Side(backbone, "native", a.downstream, voxels, torch.device(a.device)))
+            speed(sides, dtypes, config, a.out)
     except bb.HarnessError as err:
         print(f"compat harness: {err}", file=sys.stderr)
         return 2

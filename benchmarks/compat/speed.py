@@ -4,7 +4,10 @@
     python -m benchmarks.compat.speed --out OUT_DIR            # GPU host
     python -m benchmarks.compat.speed --out OUT_DIR --dry-run  # CPU, shims and twins only, tiny scans
 
-Each (backbone, library) runs in its own process (`child.py speed`): inference (eval mode,
+Each backbone's real library runs in a process of its own (`child.py speed`), and so do the shim
+and relconv's native twin, together: they take turns on every case in one process, so that the
+host's speed, which differs from one process to the next by up to 1.6x on the GPU hosts, falls on
+both alike (`--separate-twin`: a process each). Each child times inference (eval mode,
 `torch.no_grad()`) and a training step (forward, fixed projection, backward), fp32 (TF32 off) and
 fp16 (autocast with fp16 features), on a batch of four 64-beam scans, timed by the shared harness
 (`benchmarks.harness.timing.measure`: medians of synchronised-call latency and of queued
@@ -151,6 +154,11 @@ def parse(argv=None):
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per child process")
     p.add_argument("--rounds", type=int, default=1, help="children per (backbone, library), in rotated order")
     p.add_argument(
+        "--separate-twin",
+        action="store_true",
+        help="run the shim and the native twin in processes of their own instead of one, taking turns",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="CPU, tiny scans, fp32, shim and native only, 3 runs"
     )
     args = p.parse_args(argv)
@@ -176,28 +184,42 @@ def _child_args(name: str, library: str, out: Path, work: Path, args) -> list[st
     return cmd + (["--tiny"] if args.tiny else [])
 
 
+def _children(libraries: list[str], separate: bool) -> list[tuple[str, ...]]:
+    """The libraries each child process runs: the shim and the native twin share one unless
+    `separate` (`child.speed` has them take turns)."""
+    if separate or "shim" not in libraries or "native" not in libraries:
+        return [(lib,) for lib in libraries]
+    return [("shim", "native") if lib == "shim" else (lib,) for lib in libraries if lib != "native"]
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    children = _children(args.libraries, args.separate_twin)
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="relconv-compat-") as tmp:
         for rnd in range(args.rounds):
-            shift = rnd % len(args.libraries)
-            libraries = args.libraries[shift:] + args.libraries[:shift]
+            shift = rnd % len(children)
             for name in args.backbones:
-                for library in libraries:
-                    if library == "native" and name not in native.TWINS:
+                for kinds in children[shift:] + children[:shift]:
+                    if name not in native.TWINS:
+                        kinds = tuple(k for k in kinds if k != "native")
+                    if not kinds:
                         continue
-                    out = Path(tmp) / f"{name}-{library}.json"
-                    err = run_child(_child_args(name, library, out, Path(tmp), args), args.timeout)
-                    result = {"backbone": name, "error": err} if err else json.loads(out.read_text())
-                    result.update(library_kind=library, round=rnd)
-                    results.append(result)
+                    out = Path(tmp) / f"{name}-{kinds[0]}.json"
+                    cmd = _child_args(name, kinds[0], out, Path(tmp), args)
+                    err = run_child(cmd + (["--with-native"] if len(kinds) > 1 else []), args.timeout)
+                    if err:
+                        got = [{"backbone": name, "error": err, "library_kind": kind} for kind in kinds]
+                    else:
+                        got = json.loads(out.read_text())
+                    for result in got:
+                        results.append({**result, "round": rnd})
                     summary = {"results": results, "summary": summarise(results)}
                     (args.out / "speed.json").write_text(json.dumps(summary, indent=1))
                     (args.out / "speed.md").write_text(markdown(results))
                     status = "error: " + err.splitlines()[-1] if err else "done"
-                    print(f"round {rnd}: {name} / {library}:", status, flush=True)
+                    print(f"round {rnd}: {name} / {' + '.join(kinds)}:", status, flush=True)
     print(markdown(results))
     return 0
 

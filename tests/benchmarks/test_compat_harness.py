@@ -275,26 +275,118 @@ def test_speed_rounds_take_medians_and_pair_ratios_within_a_round():
     assert row["shim_over_native_latency_ms"] is None
 
 
+def _fake_speed_child(order):
+    def child(cmd, timeout):
+        name, library, out = cmd[1], cmd[2], cmd[3]
+        kinds = [library, "native"] if "--with-native" in cmd else [library]
+        order.append("+".join(kinds))
+        row = {"dtype": "fp32", "phase": "inference", "latency_ms": 1.0, "throughput_ms": 1.0}
+        results = [{"library": k, "library_kind": k, "backbone": name, "rows": [row]} for k in kinds]
+        Path(out).write_text(json.dumps(results))
+        return None
+
+    return child
+
+
 def test_speed_rounds_rotate_the_libraries(monkeypatch, tmp_path):
     from benchmarks.compat import speed
 
     order = []
-
-    def child(cmd, timeout):
-        name, library, out = cmd[1], cmd[2], cmd[3]
-        order.append(library)
-        row = {"dtype": "fp32", "phase": "inference", "latency_ms": 1.0, "throughput_ms": 1.0}
-        Path(out).write_text(json.dumps({"library": library, "backbone": name, "rows": [row]}))
-        return None
-
-    monkeypatch.setattr(speed, "run_child", child)
+    monkeypatch.setattr(speed, "run_child", _fake_speed_child(order))
     argv = ["--out", str(tmp_path), "--backbones", "SparseResNet21D", "--libraries", "real,shim,native"]
-    assert speed.main(argv + ["--rounds", "3", "--device", "cpu"]) == 0
+    assert speed.main(argv + ["--rounds", "3", "--device", "cpu", "--separate-twin"]) == 0
     assert order == ["real", "shim", "native", "shim", "native", "real", "native", "real", "shim"]
     saved = json.loads((tmp_path / "speed.json").read_text())
     assert [r["round"] for r in saved["results"]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     with pytest.raises(SystemExit):
         speed.parse(["--out", str(tmp_path), "--rounds", "0"])
+
+
+def test_speed_runs_the_shim_and_its_twin_in_one_process(monkeypatch, tmp_path):
+    from benchmarks.compat import speed
+
+    order = []
+    monkeypatch.setattr(speed, "run_child", _fake_speed_child(order))
+    argv = ["--out", str(tmp_path), "--backbones", "SparseResNet21D", "--rounds", "2", "--device", "cpu"]
+    assert speed.main(argv) == 0
+    assert order == ["real", "shim+native", "shim+native", "real"]
+    saved = json.loads((tmp_path / "speed.json").read_text())
+    assert [(r["library_kind"], r["round"]) for r in saved["results"]] == [
+        ("real", 0),
+        ("shim", 0),
+        ("native", 0),
+        ("shim", 1),
+        ("native", 1),
+        ("real", 1),
+    ]
+    (row,) = saved["summary"]
+    assert row["shim_over_native_latency_ms"] == 1.0 and row["real_over_shim_latency_ms"] == 1.0
+
+
+def test_speed_child_times_two_sides_turn_about(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.compat import child
+    from benchmarks.harness.timing import TimingConfig
+
+    turns = []
+
+    def side(kind):
+        model = torch.nn.Linear(3, 3)
+
+        def run(feats):
+            turns.append(kind)
+            return {"a": (torch.zeros(feats.shape[0], 4, dtype=torch.long), model(feats))}
+
+        features = lambda dtype, requires_grad: torch.randn(5, 3, dtype=dtype)  # noqa: E731
+        backbone = SimpleNamespace(name="B")
+        return SimpleNamespace(
+            library=kind,
+            described=kind,
+            backbone=backbone,
+            model=model,
+            run=run,
+            features=features,
+            device=torch.device("cpu"),
+        )
+
+    measured = []
+
+    def measure(fn, inputs, device, config):
+        fn(inputs[0])
+        measured.append(turns[-1])
+        ms = 1.0 if turns[-1] == "shim" else 2.0
+        return child.Timing(ms, ms, ms, ms + len(measured), 1, None)
+
+    monkeypatch.setattr(child, "measure", measure)
+    out = tmp_path / "speed.json"
+    child.speed([side("shim"), side("native")], ["fp32"], TimingConfig(), out)
+    assert measured == ["shim", "native", "native", "shim"] * 2  # inference, then training
+    shim, twin = json.loads(out.read_text())
+    assert (shim["library_kind"], twin["library_kind"]) == ("shim", "native")
+    infer = shim["rows"][0]
+    assert (infer["dtype"], infer["phase"], infer["latency_ms"], infer["runs"]) == (
+        "fp32",
+        "inference",
+        1.0,
+        2,
+    )
+    assert infer["throughput_ms"] == 3.5  # the median of the shim's two turns, 1 + 1 and 1 + 4
+    assert twin["rows"][1]["phase"] == "training" and twin["rows"][1]["latency_ms"] == 2.0
+
+    def fails_for_the_twin(fn, inputs, device, config):
+        timing = measure(fn, inputs, device, config)
+        if measured[-1] == "native":
+            raise RuntimeError("out of memory")
+        return timing
+
+    monkeypatch.setattr(child, "measure", fails_for_the_twin)
+    measured.clear()
+    child.speed([side("shim"), side("native")], ["fp32"], TimingConfig(), out)
+    shim, twin = json.loads(out.read_text())
+    assert twin["rows"][0] == {"dtype": "fp32", "phase": "inference", "error": "RuntimeError: out of memory"}
+    assert shim["rows"][0]["latency_ms"] == 1.0 and shim["rows"][0]["runs"] == 2
+    assert measured == ["shim", "native", "shim"] * 2  # the failed side takes no second turn
 
 
 def test_repeated_steps_are_judged_by_their_median_error():

@@ -57,7 +57,7 @@ def _copy(dst, src):
 
 
 def _rel(got, want):
-    """Relative error of `got` against `want` over the whole tensor (the issue's parity measure)."""
+    """Relative error of `got` against `want` over the whole tensor (the parity measure of docs/compat.md)."""
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
 
 
