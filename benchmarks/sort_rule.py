@@ -1,9 +1,14 @@
 """The table-sort rule (relconv.ops.map_views.SORT_WORK) against measurement: for each scene and
-width, a fresh subm 3^3 fp16 layer with its table left unsorted and sorted in the call (GPU time
-per call from the profiler, latency and queued time), which of the two the rule picks and which is
-faster; then the order op's own kernels per scene. A calibration aid, not a benchmark.
+width, a fresh subm 3^3 layer with its table left unsorted and sorted in the call (GPU time per call
+from the profiler, latency and queued time), which of the two the rule picks and which is faster;
+then the order op's own kernels per scene. A calibration aid, not a benchmark.
 
-    python -m benchmarks.sort_rule [--scenes NAME,...] [--channels 32,64,128]
+    python -m benchmarks.sort_rule [--scenes NAME,...] [--channels 32,64,128] [--dtype fp16|fp32]
+        [--stride S]
+
+`--dtype fp32` runs exact fp32 (TF32 off), whose narrow layers take the SIMT table kernels;
+`--stride S` takes each scene's sites at tensor stride S (coordinates floor-divided, duplicates
+merged), the level of a network after its strided convs.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from benchmarks.harness.timing import TimingConfig, measure
 from benchmarks.profile_voxel import kernel_times
 from benchmarks.workloads.voxels import load_scene
 
+DTYPES = {"fp16": torch.half, "fp32": torch.float32}
 SCENES = (
     "scan-64beam,batch4-64beam,room-3cm,room-5cm,airborne-100m-25cm,object-128,object-256,"
     "aggregate-0.5m,aggregate-1m"
@@ -41,6 +47,15 @@ def fresh_layer_times(conv, feats, coords, threshold: float) -> tuple[float, flo
         map_views.SORT_WORK = rule
 
 
+def at_stride(coords: torch.Tensor, stride: int) -> torch.Tensor:
+    """The sites of `coords` ([N, 4] (b, x, y, z)) at tensor stride `stride`: floor-divided, unique."""
+    if stride == 1:
+        return coords
+    scaled = coords.clone()
+    scaled[:, 1:] = torch.div(scaled[:, 1:], stride, rounding_mode="floor")
+    return torch.unique(scaled, dim=0)
+
+
 def order_op_times(coords) -> dict[str, tuple[int, float]]:
     from relconv.voxel import submanifold_map
 
@@ -55,15 +70,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenes", default=SCENES)
     p.add_argument("--channels", default="32,64,128")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    p.add_argument("--stride", type=int, default=1, help="the scenes' sites at this tensor stride")
     args = p.parse_args()
+    if args.stride < 1:
+        p.error(f"--stride must be at least 1, got {args.stride}")
+    dtype = DTYPES[args.dtype]
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is exact fp32
     rule = map_views.SORT_WORK
-    print(torch.cuda.get_device_name(), f"tables sorted once their forwards reach SORT_WORK = {rule:.1e}")
+    print(
+        torch.cuda.get_device_name(),
+        f"{args.dtype}, stride {args.stride}: tables sorted once their forwards reach SORT_WORK = {rule:.1e}",
+    )
     print("scene rows C table_work | GPU us unsorted / sorted | latency us | queued us | picked | faster")
     for name in args.scenes.split(","):
-        coords = load_scene(name, torch.device("cuda")).coords
+        coords = at_stride(load_scene(name, torch.device("cuda")).coords, args.stride)
         for c in (int(v) for v in args.channels.split(",")):
-            feats = torch.randn(len(coords), c, device="cuda", dtype=torch.half)
-            conv = Conv3d(c, c, 3).cuda().half().eval()
+            feats = torch.randn(len(coords), c, device="cuda", dtype=dtype)
+            conv = Conv3d(c, c, 3).cuda().to(dtype).eval()
             work = map_views.table_work(len(coords), conv.weight)
             unsorted, in_order = (fresh_layer_times(conv, feats, coords, t) for t in (float("inf"), 0.0))
             (gu, lu, qu), (gs, ls, qs) = unsorted, in_order

@@ -272,3 +272,14 @@ def test_family_set_excludes_families_and_cases():
 
     with pytest.raises(SystemExit):
         run.parse_args(["--out", "x", "--family-set", "core", "--cases", "voxel/*"])
+
+
+def test_sort_rule_takes_a_scenes_sites_at_a_coarser_stride():
+    from benchmarks.sort_rule import at_stride
+
+    coords = torch.tensor(
+        [[0, 0, 0, 0], [0, 1, 1, 1], [0, 2, 3, 4], [0, -1, 0, 0], [1, 3, 3, 3]], dtype=torch.int32
+    )
+    assert at_stride(coords, 1) is coords
+    # floor division: -1 // 2 is -1; (0, 1, 1, 1) and (0, 0, 0, 0) meet at (0, 0, 0, 0)
+    assert at_stride(coords, 2).tolist() == [[0, -1, 0, 0], [0, 0, 0, 0], [0, 1, 1, 2], [1, 1, 1, 1]]
