@@ -245,32 +245,38 @@ def speed(sides: list[Side], dtypes: list[str], config: TimingConfig, out: Path)
     """Times every (dtype, phase) case of each side and writes one result per side. Two sides (the
     shim and its native twin in one process) take turns in the order A, B, B, A, and each side's
     times are the medians of its two measurements: the host's speed, which differs from one process
-    to the next, then falls on both alike, and a drift within the process cancels."""
+    to the next, then falls on both alike, and a drift within the process cancels. A side's last
+    turn also profiles the call, in the same context as its timing (warm caches)."""
     rows: dict[int, list] = {id(side): [] for side in sides}
     turns = sides + sides[::-1] if len(sides) > 1 else sides
-    timed = lambda fn, inputs, device: measure(fn, inputs, device, config)  # noqa: E731
-    # GPU time, launches, host waits and the costliest kernels of the same call
-    profiled = lambda fn, inputs, device: profile_call(fn, inputs[0], device, top=KERNELS_KEPT)  # noqa: E731
+    last = {id(side): i for i, side in enumerate(turns)}
+
+    def timed(profile: bool):
+        def action(fn, inputs, device):
+            t = measure(fn, inputs, device, config)
+            # GPU time, launches, host waits and the costliest kernels of the same call
+            return t, profile_call(fn, inputs[0], device, top=KERNELS_KEPT) if profile else {}
+
+        return action
+
     for name in dtypes:
         for phase in ("inference", "training"):
             timings: dict[int, list] = {id(side): [] for side in sides}
+            gpu: dict[int, dict] = {}
             failed: dict[int, str] = {}
-            for side in turns:
+            for i, side in enumerate(turns):
                 if id(side) in failed:
                     continue
                 try:
-                    timings[id(side)].append(_in_case(side, name, phase, timed))
+                    t, profile = _in_case(side, name, phase, timed(last[id(side)] == i))
                 except Exception as err:  # one failing case must not hide the others' times
                     failed[id(side)] = f"{type(err).__name__}: {err}"
+                    continue
+                timings[id(side)].append(t)
+                gpu[id(side)] = gpu.get(id(side), {}) | profile
             for side in sides:
                 error = failed.get(id(side))
-                if error is None:
-                    try:
-                        row = {**_merged(timings[id(side)]), **_in_case(side, name, phase, profiled)}
-                    except Exception as err:
-                        error = f"{type(err).__name__}: {err}"
-                if error is not None:
-                    row = {"error": error}
+                row = {"error": error} if error else {**_merged(timings[id(side)]), **gpu[id(side)]}
                 rows[id(side)].append({"dtype": name, "phase": phase, **row})
     results = [
         {

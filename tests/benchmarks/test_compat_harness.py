@@ -358,10 +358,18 @@ def test_speed_child_times_two_sides_turn_about(monkeypatch, tmp_path):
         ms = 1.0 if turns[-1] == "shim" else 2.0
         return child.Timing(ms, ms, ms, ms + len(measured), 1, None)
 
+    profiled = []
+
+    def profile_call(fn, inp, device, top):
+        profiled.append((turns[-1], len(measured)))  # right after that side's last measurement
+        return {"gpu_ms": 0.5}
+
     monkeypatch.setattr(child, "measure", measure)
+    monkeypatch.setattr(child, "profile_call", profile_call)
     out = tmp_path / "speed.json"
     child.speed([side("shim"), side("native")], ["fp32"], TimingConfig(), out)
     assert measured == ["shim", "native", "native", "shim"] * 2  # inference, then training
+    assert profiled == [("native", 3), ("shim", 4), ("native", 7), ("shim", 8)]
     shim, twin = json.loads(out.read_text())
     assert (shim["library_kind"], twin["library_kind"]) == ("shim", "native")
     infer = shim["rows"][0]
