@@ -279,9 +279,16 @@ def _slot_degree(rmap: RelationalMap) -> Tensor:
 
 
 def _run_lengths(sorted_key: Tensor) -> Tensor:
-    """[P] int64 length of the run of equal values each element of a sorted key lies in: the two
-    ends of its run, from binary searches of the key. Three ops and no host synchronisation; a
-    scatter-add over run ids takes ten, and serialises its atomics on a high-degree slot."""
+    """[P] int64 length of the run of equal values each element of a sorted key lies in.
+
+    On a GPU: the two ends of its run, from binary searches of the key. Three ops and no host
+    synchronisation; a scatter-add over run ids takes ten, and serialises its atomics on a
+    high-degree slot. On the CPU, where reading a size costs no wait: the runs' lengths repeated
+    over each run, two linear passes (58k keys, 4 threads: 0.55 against 2.5 ms; 1.8M: 12 against 70).
+    """
+    if sorted_key.device.type == "cpu":
+        _, lengths = torch.unique_consecutive(sorted_key, return_counts=True)
+        return torch.repeat_interleave(lengths, lengths)
     return torch.searchsorted(sorted_key, sorted_key, right=True) - torch.searchsorted(sorted_key, sorted_key)
 
 

@@ -8,6 +8,8 @@ import torch
 
 import relconv.graph as rg
 import relconv.graph.map_cache as map_cache
+from relconv.graph.graph_map import _run_lengths
+from tests.conftest import DEVICES
 from tests.graph.graphs import features, random_graph
 
 
@@ -112,3 +114,12 @@ def test_sort_keys_of_any_width_give_the_same_map(num_nodes):
     assert g.rmap.out_index.tolist() == [3, 3, 7, 7, 7, 9]
     assert g.rmap.scale.tolist() == [0.5, 0.5, 1.0, 0.5, 0.5, 1.0]
     assert g.edge_perm.tolist() == [1, 4, 3, 0, 2, 5]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_run_lengths_count_each_keys_run(device):
+    # Linear passes on the CPU, binary searches (no host read) on a GPU: the same lengths.
+    key = torch.tensor([3, 3, 5, 7, 7, 7, 9], dtype=torch.int32, device=device)
+    assert _run_lengths(key).tolist() == [2, 2, 1, 3, 3, 3, 1]
+    assert _run_lengths(key[:0]).tolist() == []
+    assert _run_lengths(key).dtype == torch.int64
