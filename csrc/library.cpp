@@ -80,7 +80,7 @@
 //            (the site count, with the coordinate checks); raises ValueError for rows outside the
 //            grid and duplicate rows.
 //
-// Graph-map builder (CUDA only; the CPU path builds graph maps in torch, relconv/graph/graph_map.py).
+// Graph-map builder (CPU and CUDA; relconv/graph/graph_map.py calls it).
 //   typed_edge_map(src, dst, edge_type, num_src, num_dst, num_relations, mean, index_dtype) ->
 //            (in_index, out_index, rel_ptr, scale, perm, error): the edges (src[e], dst[e],
 //            edge_type[e]) sorted stably by (relation, target): in_index / out_index [E] in

@@ -15,7 +15,7 @@ from torch_geometric.typing import SparseTensor
 
 from relconv._ext import cuda_built
 from relconv.core.relational_map import RelationalMap, check_index_range, index_dtype_for
-from relconv.graph.slots import SlotLayout, aggregates_first, relation_offsets, slot_key, worth_it
+from relconv.graph.slots import SlotLayout, aggregates_first, slot_key, worth_it
 
 # PyG's aggregation names -> the three the layer computes ("add" is PyG's alias of "sum").
 AGGRS = {"mean": "mean", "add": "sum", "sum": "sum", "max": "max"}
@@ -28,8 +28,8 @@ class RGCNMap:
         rmap: RelationalMap over the edges (in = source node, out = target node), `scale` =
             1 / deg_r(target) for mean aggregation and None for sum and max.
         aggr: "mean", "sum" or "max".
-        edge_perm: [E] int64 (int32 when built on a GPU), pair `p` of `rmap` is edge `edge_perm[p]`
-            of the caller's edge order (reorders a per-edge `edge_weight`).
+        edge_perm: [E] int32 (int64 from 2^31 edges), pair `p` of `rmap` is edge `edge_perm[p]` of
+            the caller's edge order (reorders a per-edge `edge_weight`).
     """
 
     __slots__ = ("rmap", "aggr", "edge_perm", "_slots", "_mean_scales")
@@ -217,38 +217,26 @@ def build_rgcn_map(
         ("edge_index[1] (target nodes)", dst, num_dst),
     )
     idt = index_dtype_for(num_src, num_dst, rel.numel())
-    if src.is_cuda and cuda_built and rel.numel() and num_src and num_dst:
-        rmap, perm = _sorted_on_device(checks, aggr == "mean", idt)
-        return RGCNMap(rmap, aggr, perm)
-    # All three in one host synchronisation.
-    check_index_range(*checks)
-
-    # Sorting by the (relation, target) key groups pairs by relation for the kernels and makes each
-    # (target, relation) slot contiguous, so its degree and slot id come from one run-length pass.
-    # Nothing below reads the device back: bincount and unique_consecutive would (their output
-    # sizes depend on the data), so the relation offsets come from a search of the sorted keys and
-    # the slot sizes from run lengths. A max map counts its slots as it is made: one more read-back.
-    stride = max(num_dst, 1)
-    # 32-bit keys where they fit: the radix sort then makes half the passes.
-    kdt = torch.int32 if (num_relations + 1) * stride < 2**31 else torch.int64
-    key, perm = torch.sort(torch.add(dst, rel.long(), alpha=stride).to(kdt), stable=True)
-    rel_ptr = relation_offsets(key, num_relations, stride)
-    out_index = dst.index_select(0, perm).to(idt)
-    # float32 serves every dtype but float64, whose exact scale `RGCNMap.mean_scale` derives on demand.
-    scale = _run_lengths(key).float().reciprocal() if aggr == "mean" else None
-    rmap = RelationalMap(
-        src.index_select(0, perm).to(idt), out_index, rel_ptr, num_src, num_dst, scale=scale, validate=False
-    )
+    if not (src.device.type == "cpu" or (src.is_cuda and cuda_built)):
+        raise ValueError(
+            f"edge_index is on {src.device}; relconv builds graph maps on the CPU and, when built "
+            "with CUDA, on CUDA devices"
+        )
+    if rel.numel() and not (num_src and num_dst):
+        check_index_range(*checks)  # raises: edges without nodes to hold them
+    rmap, perm = _sorted_by_op(checks, aggr == "mean", idt)
     return RGCNMap(rmap, aggr, perm)
 
 
-def _sorted_on_device(
+def _sorted_by_op(
     checks: tuple[tuple[str, Tensor, int], ...], mean: bool, idt: torch.dtype
 ) -> tuple[RelationalMap, Tensor]:
-    """The CPU path's sort, offsets and scales as one CUDA op (`typed_edge_map`: four launches
-    against about thirty, one host wait), which checks the ranges as it goes. `checks` are
-    build_rgcn_map's (name, values, size) of the edge types, sources and targets; their names go
-    into the error raised for a value out of range."""
+    """The edges sorted stably by (relation, target), the relation offsets and the mean scales, from
+    one op (`typed_edge_map`; on a GPU four launches and one host wait, on the CPU two counting
+    passes), which checks the ranges as it goes. `checks` are build_rgcn_map's (name, values, size)
+    of the edge types, sources and targets; their names go into the error raised for a value out
+    of range. Sorting by (relation, target) groups the pairs by relation for the kernels and makes
+    each (target, relation) slot contiguous."""
     (_, rel, num_relations), (_, src, num_src), (_, dst, num_dst) = checks
     if src.dtype != dst.dtype or src.dtype not in _OP_INDEX_DTYPES:
         src, dst = src.long(), dst.long()
