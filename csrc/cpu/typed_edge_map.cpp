@@ -27,16 +27,18 @@ enum : int64_t { kBadRelation = 1, kBadSource = 2, kBadTarget = 4 };
 
 using EdgeMap = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>;
 
-// Stable counting sort of `order` (edge ids) by `digit(e)` in [0, buckets) into `sorted`; returns
-// the buckets' start offsets (buckets + 1 entries).
+// Stable counting sort of `order` (edge ids) by `digit(e)` in [0, buckets) into `sorted`; `start`
+// ([buckets + 1] int64) receives the buckets' start offsets. The buffers are tensors: a bucket count
+// too large for memory raises torch's allocation error, which names the size.
 template <typename V, typename Digit>
-std::vector<int64_t> counting_sort(const V* order, int64_t n, int64_t buckets, Digit digit, V* sorted) {
-  std::vector<int64_t> start(buckets + 1, 0);
-  for (int64_t i = 0; i < n; ++i) ++start[digit(order[i]) + 1];
-  for (int64_t b = 0; b < buckets; ++b) start[b + 1] += start[b];
-  std::vector<int64_t> next(start.begin(), start.end() - 1);
+void counting_sort(const V* order, int64_t n, int64_t buckets, Digit digit, V* sorted, const at::Tensor& start) {
+  int64_t* first = start.mutable_data_ptr<int64_t>();
+  std::fill(first, first + buckets + 1, int64_t{0});
+  for (int64_t i = 0; i < n; ++i) ++first[digit(order[i]) + 1];
+  for (int64_t b = 0; b < buckets; ++b) first[b + 1] += first[b];
+  const at::Tensor cursor = start.narrow(0, 0, buckets).clone();
+  int64_t* next = cursor.mutable_data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) sorted[next[digit(order[i])]++] = order[i];
-  return start;
 }
 
 template <typename E, typename R, typename V, typename I>
@@ -65,8 +67,9 @@ EdgeMap build(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& re
 
   std::vector<V> ids(n), by_target(n);
   for (int64_t e = 0; e < n; ++e) ids[e] = static_cast<V>(e);
+  const auto longs = opts.dtype(at::kLong);
   if (num_dst <= std::max<int64_t>(4 * n, 1 << 16)) {
-    counting_sort(ids.data(), n, num_dst, target, by_target.data());
+    counting_sort(ids.data(), n, num_dst, target, by_target.data(), at::empty({num_dst + 1}, longs));
   } else {
     // Far more targets than edges (a sampled subgraph of a large graph): a counting pass would walk
     // every target; a merge sort by target walks the edges.
@@ -75,10 +78,9 @@ EdgeMap build(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& re
   }
   at::Tensor perm = at::empty({n}, opts.dtype(v_type));
   V* p = perm.mutable_data_ptr<V>();
-  const std::vector<int64_t> offsets = counting_sort(by_target.data(), n, num_rel, relation, p);
-
-  at::Tensor rel_ptr = at::empty({num_rel + 1}, opts.dtype(at::kLong));
-  std::copy(offsets.begin(), offsets.end(), rel_ptr.mutable_data_ptr<int64_t>());
+  at::Tensor rel_ptr = at::empty({num_rel + 1}, longs);
+  counting_sort(by_target.data(), n, num_rel, relation, p, rel_ptr);
+  const int64_t* offsets = rel_ptr.const_data_ptr<int64_t>();
   const auto i_type = std::is_same_v<I, int32_t> ? at::kInt : at::kLong;
   at::Tensor in_index = at::empty({n}, opts.dtype(i_type)), out_index = at::empty({n}, opts.dtype(i_type));
   I* in = in_index.mutable_data_ptr<I>();
