@@ -4,6 +4,7 @@
 #include "common/error_message.h"
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -39,6 +40,9 @@ inline void check_typed_edge_map_args(const at::Tensor& src, const at::Tensor& d
                       "typed_edge_map: index_dtype must be int32 or int64, got ", index_dtype);
   RELCONV_CHECK_VALUE(index_dtype == at::kLong || src.numel() <= std::numeric_limits<int32_t>::max(),
                       "typed_edge_map: int32 indices hold at most 2^31 - 1 pairs, got ", src.numel());
+  RELCONV_CHECK_VALUE(index_dtype == at::kLong || std::max(num_src, num_dst) <= std::numeric_limits<int32_t>::max(),
+                      "typed_edge_map: int32 indices hold node ids below 2^31, got ", num_src, " source and ",
+                      num_dst, " target nodes");
 }
 
 }  // namespace relconv

@@ -98,6 +98,7 @@ def _args(device):
         (lambda a: {**a, "num_src": 0}, "needs source and target nodes"),
         (lambda a: {**a, "num_relations": 2**40, "num_dst": 2**40}, "overflows int64"),
         (lambda a: {**a, "index_dtype": torch.float32}, "index_dtype must be int32 or int64"),
+        (lambda a: {**a, "num_dst": 2**31}, "int32 indices hold node ids below 2"),
     ],
     ids=[
         "lengths",
@@ -109,6 +110,7 @@ def _args(device):
         "no nodes",
         "overflow",
         "dtype",
+        "int32 ids",
     ],
 )
 def test_op_rejects_bad_arguments(device, change, match):
