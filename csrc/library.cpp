@@ -91,6 +91,12 @@
 //            of range (1 edge_type, 2 src, 4 dst); the maps of such a call are meaningless and the
 //            caller raises.
 //
+// The search of the CPU kernel maps (CPU only; relconv/voxel/kernel_map.py).
+//   sorted_key_pairs(keys, perm, out_keys, out_perm, deltas) -> (in_index, out_index, rel_ptr), int64:
+//            the pairs (perm[i], out_perm[j], k) with keys[i] == out_keys[j] + deltas[k], grouped by
+//            relation k, each relation's outputs in ascending row order. keys and out_keys are
+//            sorted ascending (keys unique); perm / out_perm give each key's row.
+//
 // Sparse row sums (CPU and CUDA).
 //   csr_row_sum(row_ptr, col, values, x) -> out [rows, C] in x's dtype: out[r] = sum over e in
 //            [row_ptr[r], row_ptr[r + 1]) of values[e] * x[col[e]], accumulated in x's accumulation
@@ -148,6 +154,9 @@ TORCH_LIBRARY(relconv, m) {
       "typed_edge_map(Tensor src, Tensor dst, Tensor edge_type, int num_src, int num_dst, int num_relations, "
       "bool mean, ScalarType index_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor, int)");
   m.def("csr_row_sum(Tensor row_ptr, Tensor col, Tensor values, Tensor x) -> Tensor");
+  m.def(
+      "sorted_key_pairs(Tensor keys, Tensor perm, Tensor out_keys, Tensor out_perm, Tensor deltas) -> "
+      "(Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, bool relu=False, "

@@ -499,19 +499,20 @@ def _empty_map(num_relations: int, num_in: int, num_out: int, device: torch.devi
     return RelationalMap(empty, empty, ptr, num_in, num_out, injective=True, validate=False)
 
 
-def _search(sorted_keys: Tensor, perm: Tensor, queries: Tensor, num_out: int) -> RelationalMap:
-    """Pairs for `queries [K, num_out]`: hit (k, o) -> input perm[position of queries[k, o]]."""
-    num_rel, num_in = queries.shape[0], sorted_keys.numel()
+def _search(
+    sorted_keys: Tensor, perm: Tensor, out_keys: Tensor, out_perm: Tensor, deltas: Tensor
+) -> RelationalMap:
+    """Pairs (perm[i], out_perm[j], k) where sorted_keys[i] == out_keys[j] + deltas[k], both key lists
+    sorted: one walk over the input keys per relation (`relconv::sorted_key_pairs`)."""
+    num_rel, num_in, num_out = deltas.numel(), sorted_keys.numel(), out_keys.numel()
     if num_in == 0 or num_out == 0:
-        return _empty_map(num_rel, num_in, num_out, queries.device)
-    pos = torch.searchsorted(sorted_keys, queries).clamp_(max=num_in - 1)
-    hit = sorted_keys[pos] == queries
-    rel, out = hit.nonzero(as_tuple=True)
-    inp = perm[pos[rel, out]]
-    ptr = torch.zeros(num_rel + 1, dtype=torch.int64, device=queries.device)
-    torch.cumsum(hit.sum(1), 0, out=ptr[1:])
+        return _empty_map(num_rel, num_in, num_out, sorted_keys.device)
+    inp, out, ptr = _SORTED_KEY_PAIRS(sorted_keys, perm, out_keys, out_perm, deltas)
     idt = index_dtype_for(num_in, num_out, inp.numel())
     return RelationalMap(inp.to(idt), out.to(idt), ptr, num_in, num_out, injective=True, validate=False)
+
+
+_SORTED_KEY_PAIRS = torch.ops.relconv.sorted_key_pairs.default
 
 
 def submanifold_map(
@@ -554,8 +555,7 @@ def submanifold_map(
     packing = make_packing(lo, hi, _reach(kernel_size, step))
     keys, perm = _sorted_keys(packing, coords)
     deltas = packing.delta(_scaled(kernel_offsets(kernel_size, coords.device), step))
-    queries = deltas[:, None] + packing.pack(coords)[None, :]
-    return _search(keys, perm, queries, coords.shape[0])
+    return _search(keys, perm, keys, perm, deltas)
 
 
 def strided_output_coords(coords: Tensor, stride: Triple, tensor_stride: Triple) -> Tensor:
@@ -616,8 +616,8 @@ def strided_map(
         out_coords = _coarsen(coords, out_step, packing)
     keys, perm = _sorted_keys(packing, coords)
     deltas = packing.delta(_scaled(kernel_offsets(kernel_size, coords.device), step))
-    queries = deltas[:, None] + packing.pack(out_coords)[None, :]
-    return _search(keys, perm, queries, out_coords.shape[0]), out_coords
+    out_keys, out_perm = torch.sort(packing.pack(out_coords))
+    return _search(keys, perm, out_keys, out_perm, deltas), out_coords
 
 
 def transposed_map(forward: RelationalMap) -> RelationalMap:
