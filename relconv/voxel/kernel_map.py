@@ -17,14 +17,15 @@ copies from the host; host syncs: one to validate a new coordinate set (none for
 relconv's strided builder made) and one per downsampling step to size its output (the validation
 read rides along with it).
 
-CPU coordinates (and generative maps) take the torch path: each builder packs the coordinates into
-int64 keys (`KeyPacking`, below), sorts the input keys once, forms the query keys of ALL K kernel
-offsets at once as a `[K, num_out]` tensor and looks them up with one `torch.searchsorted`; the hits
-become the pairs of a `RelationalMap` whose relation is the kernel offset index. `nonzero` over the
-`[K, num_out]` hit mask yields pairs already grouped by offset and, within an offset, sorted by
-output row: the canonical (relation, out, in) order of `RelationalMap.from_triples`, built without
-its extra sort. Strided output coordinates come out sorted by (batch, x, y, z) on this path and in
-order of first occurrence on the CUDA path; both are the same set.
+CPU coordinates (and generative maps) take the key path: each builder packs the coordinates into
+int64 keys (`KeyPacking`, below) and sorts the input and output keys once; output o meets input i
+through kernel offset k where key_in = key_out + delta_k, so each offset's queries ascend with the
+sorted output keys and one walk over the input keys answers them (`relconv::sorted_key_pairs`, the
+offsets across threads). The hits become the pairs of a `RelationalMap` whose relation is the
+kernel offset index, grouped by offset and, within an offset, sorted by output row: the canonical
+(relation, out, in) order of `RelationalMap.from_triples`, built without its extra sort.
+Strided output coordinates come out sorted by (batch, x, y, z) on this path and in order of first
+occurrence on the CUDA path; both are the same set.
 
 Keys (also VoxelTensor.coalesce's and voxelize's): a key is `((b * Sx + x') * Sy + y') * Sz + z'`
 with `x' = x - lo_x` etc., where `lo` is the per-call minimum minus a margin and `S` the per-axis
