@@ -564,14 +564,15 @@ def strided_output_coords(coords: Tensor, stride: Triple, tensor_stride: Triple)
     out_step = tuple(s * t for s, t in zip(stride, tensor_stride, strict=True))
     lo, hi = bounds(coords)
     packing = make_packing(lo, hi, out_step)
-    return _coarsen(coords, out_step, packing)
+    return packing.unpack(_coarse_keys(coords, out_step, packing))
 
 
-def _coarsen(coords: Tensor, out_step: Triple, packing: KeyPacking) -> Tensor:
+def _coarse_keys(coords: Tensor, out_step: Triple, packing: KeyPacking) -> Tensor:
+    """The packed keys of the strided output sites, unique and ascending."""
     c = coords.long()
     step = small_constant((1, *out_step), c.device)
     coarse = torch.div(c, step, rounding_mode="floor") * step
-    return packing.unpack(torch.unique(packing.pack(coarse), sorted=True))
+    return torch.unique(packing.pack(coarse), sorted=True)
 
 
 def strided_map(
@@ -614,10 +615,13 @@ def strided_map(
     lo, hi = bounds(coords)
     packing = make_packing(lo, hi, tuple(r + s for r, s in zip(reach, out_step, strict=True)))
     if out_coords is None:
-        out_coords = _coarsen(coords, out_step, packing)
+        # Made in key order: the search takes them as they are.
+        out_keys = _coarse_keys(coords, out_step, packing)
+        out_coords, out_perm = packing.unpack(out_keys), torch.arange(out_keys.numel(), device=coords.device)
+    else:
+        out_keys, out_perm = torch.sort(packing.pack(out_coords))
     keys, perm = _sorted_keys(packing, coords)
     deltas = packing.delta(_scaled(kernel_offsets(kernel_size, coords.device), step))
-    out_keys, out_perm = torch.sort(packing.pack(out_coords))
     return _search(keys, perm, out_keys, out_perm, deltas), out_coords
 
 
