@@ -3,8 +3,9 @@
 // place them (relconv.spconv). Built in torch ops, the map and the table the conv reads took about
 // 90 launches per layer, a sort of every (input, kernel index) candidate and two host reads
 // (OpenPCDet's VoxelBackBone8x, fp32 inference on an H200: 470 launches and 21 host waits against
-// 98 and 9 with this op); here the candidates are deduplicated in a hash set, only the distinct
-// sites are sorted, and the one host read fetches their count together with the coordinate checks.
+// 98 and 9 with this op); here the candidates are deduplicated as bits over the output grid, which a
+// scan ranks in order, or, where the grid is too large for its bits, in a hash set whose distinct
+// sites are sorted; the one host read fetches their count together with the coordinate checks.
 #include "common/error_message.h"
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -15,8 +16,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <limits>
+#include <thrust/iterator/transform_iterator.h>
 #include <tuple>
 
 #include "cuda/device_buffers.h"
@@ -64,6 +67,121 @@ void raise_grid_errors(int32_t bits, int64_t batch_size, at::IntArrayRef in_shap
                       batch_size, "); some row does not");
   RELCONV_CHECK_VALUE(!(bits & cuda::kErrDuplicate),
                       "coords contain duplicate (batch, index) rows; a sparse tensor holds each site once");
+}
+
+// What both ways of finding the output sites share: the input rows, their grid and the step to the
+// output grid.
+struct SiteSearch {
+  const at::Tensor& c;
+  int64_t n;
+  cuda::GridBounds bounds;
+  cuda::GridStep forward;
+  cuda::SiteKeys keys;
+  int64_t in_capacity, batch_size;
+  at::IntArrayRef in_shape;
+  cudaStream_t stream;
+};
+
+// The output sites (out [M, 4] sorted by key) and the input hash the table kernel reads (`slots`,
+// inside `scratch`).
+struct Sites {
+  at::Tensor out, scratch;
+  const int32_t* slots;
+};
+
+// The sites' count M and the inverted error word, adjacent at `words` (the one host read): raises for
+// bad rows and for a table past int32 entries, returns M.
+int64_t site_count(const int32_t* words, const SiteSearch& s) {
+  const int32_t* host = read_device_words(words, 2, s.stream);
+  raise_grid_errors(~host[1], s.batch_size, s.in_shape);
+  const int64_t m = host[0];
+  RELCONV_CHECK_VALUE(m * s.forward.volume <= kInt32Max, "the map has ", m, " output sites x ", s.forward.volume,
+                      " kernel indices, more than an int32 table holds");
+  return m;
+}
+
+// The sites as keys in a hash set, selected (CUB) and sorted (CUB radix sort over the key bits in use).
+Sites sites_by_key_set(const SiteSearch& s, int64_t key_capacity, int64_t candidates, int64_t key_space) {
+  // Bytes: words [count, inverted error word, 2 pad] | input hash slots | site key set | selected keys
+  // | CUB's scratch. One 0xFF memset sets the words, the slots and the set.
+  const int64_t at_slots = 16, at_set = at_slots + 4 * s.in_capacity, at_selected = at_set + 8 * key_capacity;
+  const int64_t at_temp = (at_selected + 8 * candidates + 255) / 256 * 256;
+  size_t temp_bytes = 0;
+  const auto select = [&](void* temp, const unsigned long long* set, unsigned long long* out, int* count) {
+    C10_CUDA_CHECK(cub::DeviceSelect::If(temp, temp_bytes, set, out, count, static_cast<int>(key_capacity),
+                                         cuda::IsSiteKey{}, s.stream));
+  };
+  select(nullptr, nullptr, nullptr, nullptr);
+  at::Tensor scratch = at::empty({at_temp + static_cast<int64_t>(temp_bytes)}, s.c.options().dtype(at::kByte));
+  auto* base = scratch.mutable_data_ptr<uint8_t>();
+  C10_CUDA_CHECK(cudaMemsetAsync(base, kAllOnes, at_selected, s.stream));
+  auto* words = reinterpret_cast<int32_t*>(base);
+  auto* slots = reinterpret_cast<int32_t*>(base + at_slots);
+  auto* set = reinterpret_cast<unsigned long long*>(base + at_set);
+  auto* selected = reinterpret_cast<unsigned long long*>(base + at_selected);
+  cuda::grid_sites_kernel<<<blocks_for(s.n * s.forward.volume), cuda::kMapThreads, 0, s.stream>>>(
+      s.c.const_data_ptr<int32_t>(), s.n, s.bounds, s.forward, slots, cuda::SlotLayout::of_capacity(s.in_capacity),
+      s.keys, cuda::SiteKeySet{set, static_cast<uint32_t>(key_capacity - 1)}, words + 1);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  select(base + at_temp, set, selected, words);
+  const int64_t m = site_count(words, s);
+  at::Tensor out = at::empty({m, 4}, s.c.options());
+  if (m == 0) return {out, scratch, slots};
+  int end_bit = 1;
+  while (end_bit < 63 && (int64_t{1} << end_bit) < key_space) ++end_bit;
+  // Bytes: CUB's scratch | the sorted keys.
+  size_t sort_bytes = 0;
+  const auto sort = [&](void* temp, unsigned long long* sorted) {
+    C10_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp, sort_bytes, selected, sorted, static_cast<int>(m), 0, end_bit,
+                                                  s.stream));
+  };
+  sort(nullptr, nullptr);
+  const int64_t at_sorted = (static_cast<int64_t>(sort_bytes) + 255) / 256 * 256;
+  const at::Tensor sorting = at::empty({at_sorted + 8 * m}, s.c.options().dtype(at::kByte));
+  auto* sorted = reinterpret_cast<unsigned long long*>(sorting.mutable_data_ptr<uint8_t>() + at_sorted);
+  sort(sorting.mutable_data_ptr(), sorted);
+  cuda::site_coords_kernel<<<blocks_for(m), cuda::kMapThreads, 0, s.stream>>>(sorted, m, s.keys,
+                                                                              out.mutable_data_ptr<int32_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, scratch, slots};
+}
+
+// The sites as cleared bits over the key space (cuda::SiteBits), ranked by an inclusive scan of the
+// words' site counts (CUB): the keys come out in order with no select and no sort, three launches and
+// one memset where the key set takes two CUB calls of several launches and seven memsets each.
+Sites sites_by_bits(const SiteSearch& s, int64_t key_space) {
+  const int64_t words = (key_space + 31) / 32;
+  RELCONV_CHECK(words <= kInt32Max, "relconv grid_conv_map: ", key_space, " grid keys is too many for a bitmap");
+  // Bytes: ranks [words] | inverted error word | pad | input hash slots | site bits | CUB's scratch. The
+  // last rank (the count) and the error word are adjacent for one read; one 0xFF memset sets the
+  // error word, the slots and the bits.
+  const int64_t at_error = 4 * words, at_slots = (at_error + 4 + 15) / 16 * 16, at_bits = at_slots + 4 * s.in_capacity;
+  const int64_t at_temp = (at_bits + 4 * words + 255) / 256 * 256;
+  const auto counts = thrust::make_transform_iterator(static_cast<const uint32_t*>(nullptr), cuda::SitesInWord{});
+  size_t temp_bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, temp_bytes, counts, static_cast<int32_t*>(nullptr),
+                                               static_cast<int>(words), s.stream));
+  at::Tensor scratch = at::empty({at_temp + static_cast<int64_t>(temp_bytes)}, s.c.options().dtype(at::kByte));
+  auto* base = scratch.mutable_data_ptr<uint8_t>();
+  C10_CUDA_CHECK(cudaMemsetAsync(base + at_error, kAllOnes, at_temp - at_error, s.stream));
+  auto* ranks = reinterpret_cast<int32_t*>(base);
+  auto* slots = reinterpret_cast<int32_t*>(base + at_slots);
+  auto* bits = reinterpret_cast<uint32_t*>(base + at_bits);
+  cuda::grid_sites_kernel<<<blocks_for(s.n * s.forward.volume), cuda::kMapThreads, 0, s.stream>>>(
+      s.c.const_data_ptr<int32_t>(), s.n, s.bounds, s.forward, slots, cuda::SlotLayout::of_capacity(s.in_capacity),
+      s.keys, cuda::SiteBits{bits}, reinterpret_cast<int32_t*>(base + at_error));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(base + at_temp, temp_bytes,
+                                               thrust::make_transform_iterator(static_cast<const uint32_t*>(bits),
+                                                                               cuda::SitesInWord{}),
+                                               ranks, static_cast<int>(words), s.stream));
+  const int64_t m = site_count(ranks + words - 1, s);
+  at::Tensor out = at::empty({m, 4}, s.c.options());
+  if (m == 0) return {out, scratch, slots};
+  cuda::site_coords_from_bits_kernel<<<blocks_for(words), cuda::kMapThreads, 0, s.stream>>>(
+      bits, ranks, words, s.keys, out.mutable_data_ptr<int32_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, scratch, slots};
 }
 
 // (out_coords [M, 4] int32 sorted by (batch, d0, d1, d2), table [M, K] int32: the input row each
@@ -117,59 +235,19 @@ std::tuple<at::Tensor, at::Tensor> grid_conv_map_cuda(const at::Tensor& coords, 
   const int64_t candidates = std::max<int64_t>(1, n * per_input);
   const int64_t in_capacity = cuda::SlotLayout::capacity_for(n), key_capacity = power_of_two_above(candidates);
   RELCONV_CHECK(key_capacity <= kInt32Max, "relconv grid_conv_map: ", candidates, " candidate sites is too many");
-  // Bytes: words [count, inverted error word, 2 pad] | input hash slots | site key set | selected keys
-  // | CUB's scratch. One 0xFF memset sets the words, the slots and the set.
-  const int64_t at_slots = 16, at_set = at_slots + 4 * in_capacity, at_selected = at_set + 8 * key_capacity;
-  const int64_t at_temp = (at_selected + 8 * candidates + 255) / 256 * 256;
-  size_t temp_bytes = 0;
-  const auto select = [&](void* temp, const unsigned long long* set, unsigned long long* out, int* count) {
-    C10_CUDA_CHECK(cub::DeviceSelect::If(temp, temp_bytes, set, out, count, static_cast<int>(key_capacity),
-                                         cuda::IsSiteKey{}, stream));
-  };
-  select(nullptr, nullptr, nullptr, nullptr);
-  const at::Tensor scratch = at::empty({at_temp + static_cast<int64_t>(temp_bytes)}, c.options().dtype(at::kByte));
-  auto* base = scratch.mutable_data_ptr<uint8_t>();
-  C10_CUDA_CHECK(cudaMemsetAsync(base, kAllOnes, at_selected, stream));
-  auto* words = reinterpret_cast<int32_t*>(base);
-  auto* slots = reinterpret_cast<int32_t*>(base + at_slots);
-  auto* set = reinterpret_cast<unsigned long long*>(base + at_set);
-  auto* selected = reinterpret_cast<unsigned long long*>(base + at_selected);
-  const int32_t* rows = c.const_data_ptr<int32_t>();
-  const cuda::SlotLayout layout = cuda::SlotLayout::of_capacity(in_capacity);
-  cuda::grid_sites_kernel<<<blocks_for(n * volume), cuda::kMapThreads, 0, stream>>>(
-      rows, n, bounds, forward, slots, layout, keys, set, static_cast<uint32_t>(key_capacity - 1), words + 1);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  select(base + at_temp, set, selected, words);
-  const int32_t* host = read_device_words(words, 2, stream);
-  const int64_t m = host[0];
-  raise_grid_errors(~host[1], batch_size, in_shape);
-  RELCONV_CHECK_VALUE(m * volume <= kInt32Max, "the map has ", m, " output sites x ", volume,
-                      " kernel indices, more than an int32 table holds");
-
-  at::Tensor out = at::empty({m, 4}, c.options());
+  const SiteSearch search{c, n, bounds, forward, keys, in_capacity, batch_size, in_shape, stream};
+  // Bits over the output grid where they and their ranks (key_space / 4 bytes) take no more memory
+  // than the key set (8 bytes a slot): most strided layers' grids.
+  const Sites sites = key_space <= 32 * key_capacity ? sites_by_bits(search, key_space)
+                                                     : sites_by_key_set(search, key_capacity, candidates, key_space);
+  const int64_t m = sites.out.size(0);
   at::Tensor table = at::empty({m, volume}, c.options());
-  if (m == 0) return {out, table};
-  int end_bit = 1;
-  while (end_bit < 63 && (int64_t{1} << end_bit) < key_space) ++end_bit;
-  // Bytes: CUB's scratch | the sorted keys.
-  size_t sort_bytes = 0;
-  const auto sort = [&](void* temp, unsigned long long* sorted) {
-    C10_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp, sort_bytes, selected, sorted, static_cast<int>(m), 0, end_bit,
-                                                  stream));
-  };
-  sort(nullptr, nullptr);
-  const int64_t at_sorted = (static_cast<int64_t>(sort_bytes) + 255) / 256 * 256;
-  const at::Tensor sorting = at::empty({at_sorted + 8 * m}, c.options().dtype(at::kByte));
-  auto* sorted = reinterpret_cast<unsigned long long*>(sorting.mutable_data_ptr<uint8_t>() + at_sorted);
-  sort(sorting.mutable_data_ptr(), sorted);
-  cuda::site_coords_kernel<<<blocks_for(m), cuda::kMapThreads, 0, stream>>>(sorted, m, keys,
-                                                                            out.mutable_data_ptr<int32_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (m == 0) return {sites.out, table};
   cuda::grid_table_kernel<<<blocks_for(m * volume), cuda::kMapThreads, 0, stream>>>(
-      cuda::HashView{rows, slots, layout, n}, out.const_data_ptr<int32_t>(), m, back,
-      table.mutable_data_ptr<int32_t>());
+      cuda::HashView{c.const_data_ptr<int32_t>(), sites.slots, cuda::SlotLayout::of_capacity(in_capacity), n},
+      sites.out.const_data_ptr<int32_t>(), m, back, table.mutable_data_ptr<int32_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {out, table};
+  return {sites.out, table};
 }
 
 }  // namespace

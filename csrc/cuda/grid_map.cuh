@@ -97,27 +97,55 @@ __device__ __forceinline__ uint32_t hash_key(unsigned long long k) {
   return static_cast<uint32_t>(k);
 }
 
-// Adds `key` to the open-addressing set (linear probing; the set never fills: the host sizes it
-// above the number of candidates). The CAS alone: reading the slot first, to skip the atomic for keys
-// already there, was no faster (H200, the sites kernels of three backbones' four strided maps:
-// 345 / 156 / 122 us with the read, 339 / 153 / 117 without).
-__device__ __forceinline__ void insert_key(unsigned long long* __restrict__ set, uint32_t mask, unsigned long long key) {
-  uint32_t s = hash_key(key) & mask;
-  while (true) {
-    const unsigned long long old = atomicCAS(set + s, kEmptyKey, key);
-    if (old == kEmptyKey || old == key) return;
-    s = (s + 1) & mask;
+// The output sites as an open-addressing set of keys (linear probing; the set never fills: the host
+// sizes it above the number of candidates). The CAS alone: reading the slot first, to skip the atomic
+// for keys already there, was no faster (H200, the sites kernels of three backbones' four strided
+// maps: 345 / 156 / 122 us with the read, 339 / 153 / 117 without).
+struct SiteKeySet {
+  unsigned long long* __restrict__ set;
+  uint32_t mask;
+
+  __device__ __forceinline__ void add(unsigned long long key) const {
+    uint32_t s = hash_key(key) & mask;
+    while (true) {
+      const unsigned long long old = atomicCAS(set + s, kEmptyKey, key);
+      if (old == kEmptyKey || old == key) return;
+      s = (s + 1) & mask;
+    }
   }
-}
+};
+
+// The output sites as bits over the output grid's key space, cleared for a site (the 0xFF memset
+// that presets the hash slots presets them too): a scan of the words' site counts then ranks the
+// sites in key order, with no select and no sort of the keys.
+struct SiteBits {
+  uint32_t* __restrict__ bits;
+
+  __device__ __forceinline__ void add(unsigned long long key) const {
+    atomicAnd(bits + (key >> 5), ~(1u << (key & 31)));
+  }
+};
+
+// The sites a word of SiteBits holds.
+struct SitesInWord {
+  __host__ __device__ __forceinline__ int32_t operator()(uint32_t word) const {
+#ifdef __CUDA_ARCH__
+    return __popc(~word);
+#else
+    return __builtin_popcount(~word);
+#endif
+  }
+};
 
 // One thread per (input row, kernel index), the index fastest (the host keeps n * volume below 2^31,
 // so the thread index splits in 32 bits): every output site an input reaches goes into the key set,
 // and the index-0 thread of each row inserts the row into the input hash (`slots`, which the table
 // kernel reads; duplicates clear kErrDuplicate). Rows outside the input grid clear kErrOutsideGrid
 // and reach nothing.
+template <typename Sites>
 __global__ void grid_sites_kernel(const int32_t* __restrict__ coords, int64_t n, GridBounds bounds, GridStep step,
-                                  int32_t* __restrict__ slots, SlotLayout layout, SiteKeys keys,
-                                  unsigned long long* __restrict__ set, uint32_t mask, int32_t* __restrict__ error) {
+                                  int32_t* __restrict__ slots, SlotLayout layout, SiteKeys keys, Sites sites,
+                                  int32_t* __restrict__ error) {
   const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= n * step.volume) return;
   const uint32_t i = t / static_cast<uint32_t>(step.volume);
@@ -129,7 +157,7 @@ __global__ void grid_sites_kernel(const int32_t* __restrict__ coords, int64_t n,
     return;
   }
   Coord o;
-  if (step.reach(c, r, o)) insert_key(set, mask, keys.key(o));
+  if (step.reach(c, r, o)) sites.add(keys.key(o));
 }
 
 struct IsSiteKey {
@@ -141,6 +169,21 @@ __global__ void site_coords_kernel(const unsigned long long* __restrict__ sorted
                                    int32_t* __restrict__ out) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j < m) reinterpret_cast<int4*>(out)[j] = keys.coord(sorted[j]);
+}
+
+// out[rank] = the site of each cleared bit of SiteBits, one thread per word; `ranks` holds the
+// inclusive scan of the words' site counts.
+__global__ void site_coords_from_bits_kernel(const uint32_t* __restrict__ bits, const int32_t* __restrict__ ranks,
+                                             int64_t words, SiteKeys keys, int32_t* __restrict__ out) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w >= words) return;
+  uint32_t present = ~bits[w];
+  int32_t rank = ranks[w] - __popc(present);
+  while (present != 0) {
+    const int bit = __ffs(present) - 1;
+    reinterpret_cast<int4*>(out)[rank++] = keys.coord((static_cast<unsigned long long>(w) << 5) | bit);
+    present &= present - 1;
+  }
 }
 
 // table[m, r] = the input row that output site m reads through kernel index r, or -1. One thread per

@@ -30,6 +30,21 @@ GEOMETRIES = [
 ]
 
 
+# Grids far larger than their sites: the op finds the sites through a hash set of keys and a sort,
+# where the grids above fit a bitmap (grid_map.cu, sites_by_key_set and sites_by_bits).
+SPARSE_GEOMETRIES = [
+    ([3000, 2000, 400], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], False),
+    ([3000, 2000, 400], [3, 2, 3], [3, 2, 1], [2, 0, 1], [1, 2, 1], False),
+    ([3000, 2000, 400], [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], True),
+]
+
+
+def sparse_sites(shape, batch_size, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    cols = [torch.randint(0, extent, (n,), generator=g) for extent in (batch_size, *shape)]
+    return torch.unique(torch.stack(cols, 1), dim=0).int()
+
+
 def random_sites(shape, batch_size, n, seed):
     g = torch.Generator().manual_seed(seed)
     space = batch_size * shape[0] * shape[1] * shape[2]
@@ -60,6 +75,18 @@ def test_grid_op_equals_the_torch_builder(case, batch_size):
     assert torch.equal(table.cpu(), ref_map.neighbor_table().int())
 
 
+@pytest.mark.parametrize("case", range(len(SPARSE_GEOMETRIES)))
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_grid_op_equals_the_torch_builder_on_sparse_grids(case, batch_size):
+    shape, k, s, p, d, transposed = SPARSE_GEOMETRIES[case]
+    coords = sparse_sites(shape, batch_size, 700, seed=case)
+    out_shape = output_shape(shape, k, s, p, d, transposed)
+    ref_map, ref_coords = geometry.build_map(coords, batch_size, shape, out_shape, k, s, p, d, transposed)
+    got_coords, table = GRID_OP(coords.cuda(), batch_size, shape, out_shape, k, s, p, d, transposed)
+    assert torch.equal(got_coords.cpu(), ref_coords)
+    assert torch.equal(table.cpu(), ref_map.neighbor_table().int())
+
+
 def test_layers_build_their_cuda_maps_with_the_grid_op():
     coords = random_sites([21, 17, 9], 2, 500, seed=5).cuda()
     one, three = [1] * 3, [3] * 3
@@ -78,11 +105,12 @@ def test_every_site_is_reached_once_per_kernel_index():
     assert bool((table.sort(1).values.diff(dim=1) > 0).all())  # 27 distinct inputs per output
 
 
-def test_grid_op_errors_name_the_problem():
+@pytest.mark.parametrize("extent", [10, 100_000])  # sites as bits over the grid, or as a key set
+def test_grid_op_errors_name_the_problem(extent):
     coords = random_sites([10, 10, 10], 1, 50, seed=1).cuda()
-    args = (1, [10] * 3, [5] * 3, [3] * 3, [2] * 3, [1] * 3, [1] * 3, False)
+    args = (1, [extent] * 3, [(extent + 1) // 2] * 3, [3] * 3, [2] * 3, [1] * 3, [1] * 3, False)
     outside = coords.clone()
-    outside[3, 2] = 10
+    outside[3, 2] = extent
     with pytest.raises(ValueError, match="inside spatial_shape"):
         GRID_OP(outside, *args)
     bad_batch = coords.clone()
