@@ -4,12 +4,15 @@ output-stationary kernel walks. A profiling aid (what to optimise), not a benchm
 
     python -m benchmarks.profile_voxel [--workload scan64|FAMILY_SCENE] [--channels 32,64,128,256] [--peers]
                                        [--fresh] [--backward] [--only layer|minkunet|table]
+                                       [--dtype fp16|bf16|tf32|fp32] [--stride S]
 
 `--channels` takes widths C (a C -> C layer) or C_in:C_out pairs (`96,160:96`). `--backward` adds
 the cached layer's training step (forward, then the backward of the output's sum). `--peers` adds
 spconv / TorchSparse++ to the layer and MinkUNet breakdowns when importable (after `source
-benchmarks/peers/activate.sh`). Run under `ncu --kernel-name regex:conv_forward_table
---launch-count 1` for one kernel's hardware counters.
+benchmarks/peers/activate.sh`). `--dtype` sets the layers' precision (fp32: exact, TF32 off) and
+`--stride` takes the scene's sites at that tensor stride, the level after strided convs. Run
+under `ncu --kernel-name regex:conv_forward_table --launch-count 1` for one kernel's hardware
+counters.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.workloads.voxels import load_scene
+from benchmarks.workloads.voxels import at_stride, load_scene
+
+DTYPES = {"fp16": torch.half, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}
 
 
 def kernel_times(fn, repeats: int = 10) -> dict[str, tuple[int, float]]:
@@ -88,44 +93,44 @@ def table_stats(scene, tile: int = 64) -> None:
     print_breakdown("neighbor_table_order", kernel_times(lambda: order_op(rmap.neighbor_table())), top=8)
 
 
-def _relconv_subm(scene, cin: int, cout: int):
-    """{case: call} of a relconv subm 3^3 fp16 layer: the map cached or built in the call, and the
+def _relconv_subm(coords, batch_size: int, cin: int, cout: int, dtype: torch.dtype):
+    """{case: call} of a relconv subm 3^3 layer: the map cached or built in the call, and the
     training step over the cached map."""
     from relconv.voxel import Conv3d, VoxelTensor
 
-    feats = torch.randn(len(scene.coords), cin, device="cuda", dtype=torch.half)
-    conv = Conv3d(cin, cout, 3).cuda().half().eval()
-    x = VoxelTensor(feats, scene.coords)
-    xg = VoxelTensor(feats.clone().requires_grad_(), scene.coords)
+    feats = torch.randn(len(coords), cin, device="cuda", dtype=dtype)
+    conv = Conv3d(cin, cout, 3).cuda().to(dtype).eval()
+    x = VoxelTensor(feats, coords)
+    xg = VoxelTensor(feats.clone().requires_grad_(), coords)
     return {
         "cached": lambda: conv(x),
-        "fresh": lambda: conv(VoxelTensor(feats, scene.coords)),
+        "fresh": lambda: conv(VoxelTensor(feats, coords)),
         "cached fwd+bwd": lambda: conv(xg).feats.float().sum().backward(),
     }
 
 
-def _spconv_subm(scene, cin: int, cout: int):
+def _spconv_subm(coords, batch_size: int, cin: int, cout: int, dtype: torch.dtype):
     """As _relconv_subm, for spconv (its indice_key cache holds the map)."""
     import spconv.pytorch as spconv
 
     from benchmarks.peers.spconv_peer import spatial_shape
 
-    feats = torch.randn(len(scene.coords), cin, device="cuda", dtype=torch.half)
-    coords, shape = scene.coords.int(), spatial_shape(scene.coords)
-    sp = spconv.SubMConv3d(cin, cout, 3, padding=1, bias=False, indice_key="k").cuda().half().eval()
+    feats = torch.randn(len(coords), cin, device="cuda", dtype=dtype)
+    coords, shape = coords.int(), spatial_shape(coords)
+    sp = spconv.SubMConv3d(cin, cout, 3, padding=1, bias=False, indice_key="k").cuda().to(dtype).eval()
 
     def fresh(f=feats):
-        return sp(spconv.SparseConvTensor(f, coords, shape, scene.batch_size))
+        return sp(spconv.SparseConvTensor(f, coords, shape, batch_size))
 
-    st = spconv.SparseConvTensor(feats, coords, shape, scene.batch_size)
+    st = spconv.SparseConvTensor(feats, coords, shape, batch_size)
     with torch.no_grad():
         st.indice_dict.update(fresh().indice_dict)
     # spconv's eval-mode convs run outside autograd and build maps without the backward's masks:
     # the training step takes a training-mode copy with a map of its own.
     train = copy.deepcopy(sp).train()
-    stg = spconv.SparseConvTensor(feats.clone().requires_grad_(), coords, shape, scene.batch_size)
+    stg = spconv.SparseConvTensor(feats.clone().requires_grad_(), coords, shape, batch_size)
     with torch.no_grad():
-        built = train(spconv.SparseConvTensor(feats, coords, shape, scene.batch_size))
+        built = train(spconv.SparseConvTensor(feats, coords, shape, batch_size))
     stg.indice_dict.update(built.indice_dict)
     return {
         "cached": lambda: sp(st),
@@ -134,10 +139,21 @@ def _spconv_subm(scene, cin: int, cout: int):
     }
 
 
-def layer_breakdown(scene, channels: list[tuple[int, int]], peers: bool, fresh: bool, backward: bool) -> None:
-    """Per-kernel GPU time of a subm 3^3 fp16 layer with its map cached and, with `fresh`, built in
-    the call (a new coordinate set each call), with `backward` also its cached training step, for
-    relconv and (`peers`) spconv."""
+def layer_breakdown(
+    scene,
+    channels: list[tuple[int, int]],
+    peers: bool,
+    fresh: bool,
+    backward: bool,
+    dtype: str = "fp16",
+    stride: int = 1,
+) -> None:
+    """Per-kernel GPU time of a subm 3^3 layer with its map cached and, with `fresh`, built in the
+    call (a new coordinate set each call), with `backward` also its cached training step, for
+    relconv and (`peers`) spconv; in `dtype` (DTYPES), over the scene's sites at tensor `stride`."""
+    coords = at_stride(scene.coords, stride)
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    label = f"{dtype} stride {stride}" if stride > 1 else dtype
     cases = ("cached", "fresh") if fresh else ("cached",)
     libraries = [("relconv", _relconv_subm)]
     if peers:
@@ -146,16 +162,16 @@ def layer_breakdown(scene, channels: list[tuple[int, int]], peers: bool, fresh: 
         width = f"C{cin}" if cin == cout else f"C{cin}->{cout}"
         for name, make in libraries:
             try:
-                calls = make(scene, cin, cout)
+                calls = make(coords, scene.batch_size, cin, cout, DTYPES[dtype])
             except ImportError as err:
                 print(f"{name}: {err}")
                 continue
             with torch.no_grad():
                 for case in cases:
-                    print_breakdown(f"{name} subm3 {width} fp16 {case}", kernel_times(calls[case]), top=8)
+                    print_breakdown(f"{name} subm3 {width} {label} {case}", kernel_times(calls[case]), top=8)
             if backward:
                 case = "cached fwd+bwd"
-                print_breakdown(f"{name} subm3 {width} fp16 {case}", kernel_times(calls[case]), top=8)
+                print_breakdown(f"{name} subm3 {width} {label} {case}", kernel_times(calls[case]), top=8)
 
 
 def parse_channels(text: str) -> list[tuple[int, int]]:
@@ -205,13 +221,25 @@ def main() -> None:
     p.add_argument("--only", choices=("layer", "minkunet", "table"), default=None)
     p.add_argument("--fresh", action="store_true", help="also the layers with the map built in the call")
     p.add_argument("--backward", action="store_true", help="also the cached layers' training step")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="the layers' precision")
+    p.add_argument("--stride", type=int, default=1, help="the layers over the sites at this tensor stride")
     args = p.parse_args()
+    if args.stride < 1:
+        p.error(f"--stride must be at least 1, got {args.stride}")
     scene = load_scene(args.workload, torch.device("cuda"))
     print(torch.cuda.get_device_name(), args.workload, len(scene.coords), "voxels")
     if args.only in (None, "table"):
         table_stats(scene)
     if args.only in (None, "layer"):
-        layer_breakdown(scene, parse_channels(args.channels), args.peers, args.fresh, args.backward)
+        layer_breakdown(
+            scene,
+            parse_channels(args.channels),
+            args.peers,
+            args.fresh,
+            args.backward,
+            args.dtype,
+            args.stride,
+        )
     if args.only in (None, "minkunet"):
         minkunet_breakdown(scene, args.peers)
 

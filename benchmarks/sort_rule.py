@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.harness.timing import TimingConfig, measure
 from benchmarks.profile_voxel import kernel_times
-from benchmarks.workloads.voxels import load_scene
+from benchmarks.workloads.voxels import at_stride, load_scene
 
 DTYPES = {"fp16": torch.half, "fp32": torch.float32}
 SCENES = (
@@ -45,15 +45,6 @@ def fresh_layer_times(conv, feats, coords, threshold: float) -> tuple[float, flo
             return sum(t for _, t in kernel_times(call).values()), wall.latency_ms, wall.throughput_ms
     finally:
         map_views.SORT_WORK = rule
-
-
-def at_stride(coords: torch.Tensor, stride: int) -> torch.Tensor:
-    """The sites of `coords` ([N, 4] (b, x, y, z)) at tensor stride `stride`: floor-divided, unique."""
-    if stride == 1:
-        return coords
-    scaled = coords.clone()
-    scaled[:, 1:] = torch.div(scaled[:, 1:], stride, rounding_mode="floor")
-    return torch.unique(scaled, dim=0)
 
 
 def order_op_times(coords) -> dict[str, tuple[int, float]]:
@@ -82,13 +73,15 @@ def main() -> None:
         torch.cuda.get_device_name(),
         f"{args.dtype}, stride {args.stride}: tables sorted once their forwards reach SORT_WORK = {rule:.1e}",
     )
-    print("scene rows C table_work | GPU us unsorted / sorted | latency us | queued us | picked | faster")
+    print("scene rows C rule work | GPU us unsorted / sorted | latency us | queued us | picked | faster")
     for name in args.scenes.split(","):
         coords = at_stride(load_scene(name, torch.device("cuda")).coords, args.stride)
         for c in (int(v) for v in args.channels.split(",")):
             feats = torch.randn(len(coords), c, device="cuda", dtype=dtype)
             conv = Conv3d(c, c, 3).cuda().to(dtype).eval()
-            work = map_views.table_work(len(coords), conv.weight)
+            # The rule's work: exact fp32 counts EXACT_SORT_WEIGHT times (CUDA-core multiply-adds).
+            weight = map_views.EXACT_SORT_WEIGHT if args.dtype == "fp32" else 1.0
+            work = map_views.table_work(len(coords), conv.weight) * weight
             unsorted, in_order = (fresh_layer_times(conv, feats, coords, t) for t in (float("inf"), 0.0))
             (gu, lu, qu), (gs, ls, qs) = unsorted, in_order
             picks = "sorted" if work >= rule else "unsorted"

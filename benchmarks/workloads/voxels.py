@@ -99,3 +99,12 @@ def load_scene(name: str, device: torch.device) -> Scene:
     shift = torch.div(coords[:, 1:].min(0).values, 16, rounding_mode="floor") * 16
     coords[:, 1:] -= shift
     return Scene(coords.to(device), vt.feats.to(device), len(clouds))
+
+
+def at_stride(coords: torch.Tensor, stride: int) -> torch.Tensor:
+    """The sites of `coords` ([N, 4] (b, x, y, z)) at tensor stride `stride`: floor-divided, unique."""
+    if stride == 1:
+        return coords
+    scaled = coords.clone()
+    scaled[:, 1:] = torch.div(scaled[:, 1:], stride, rounding_mode="floor")
+    return torch.unique(scaled, dim=0)

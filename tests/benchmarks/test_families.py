@@ -275,7 +275,7 @@ def test_family_set_excludes_families_and_cases():
 
 
 def test_sort_rule_takes_a_scenes_sites_at_a_coarser_stride():
-    from benchmarks.sort_rule import at_stride
+    from benchmarks.workloads.voxels import at_stride
 
     coords = torch.tensor(
         [[0, 0, 0, 0], [0, 1, 1, 1], [0, 2, 3, 4], [0, -1, 0, 0], [1, 3, 3, 3]], dtype=torch.int32
