@@ -38,6 +38,12 @@ _ABSENT_PAIRS: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor, Tens
 # table sort of a fresh map"), with a rule on rows * sqrt(C_in * C_out) beside it, which fitted
 # the single layers better and made MinkUNet's GPU time 2-4% longer on the smaller scenes.
 SORT_WORK = 1.5e9
+# Exact fp32 multiply-adds run on CUDA cores, so a sorted table saves more time per unit of work:
+# H200, fp32 subm 3^3 kernel us natural -> sorted, 273k rows C32 (2.8e8) 428 -> 278, 937k C16
+# (2.4e8) 852 -> 706, 398k C16 (1.0e8) 365 -> 340, 273k C16 (7.0e7) 185 -> 190; SparseResNet21D
+# fp32 through relconv.torchsparse, GPU ms per call with weight 1 -> 8: inference 12.15 -> 11.09,
+# training 38.28 -> 36.17 (python -m benchmarks.sort_rule --dtype fp32; benchmarks.compat.speed).
+EXACT_SORT_WEIGHT = 8.0
 
 
 def table_work(rows: int, weight: Tensor) -> float:
@@ -216,20 +222,22 @@ def _relabel(rmap: RelationalMap, order: tuple[int, ...]) -> RelationalMap:
 
 
 def table_views(
-    rmap: RelationalMap, weight: Tensor, transposed: bool, pairs: bool
+    rmap: RelationalMap, weight: Tensor, transposed: bool, pairs: bool, exact: bool
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor, Tensor, Tensor]:
     """The views a table forward passes, as `relconv.ops.planning.decide` chose them: (neighbour
     table, its order, transposed table, its order, in_index, out_index, rel_ptr). The orders once
     the map's table forwards (input gradients) have done SORT_WORK, None before; the pairs padded
-    (kernel_pairs), or absent when no kernel of the call reads them."""
+    (kernel_pairs), or absent when no kernel of the call reads them. `exact`: the call runs exact
+    fp32, whose work counts EXACT_SORT_WEIGHT times towards the sort."""
     # The one read of the map's table: the views below are all derived from it.
     fwd = rmap.neighbor_table()
-    forwards = table_work(rmap.num_out, weight)
+    work_weight = EXACT_SORT_WEIGHT if exact else 1.0
+    forwards = table_work(rmap.num_out, weight) * work_weight
     order = _order_once_worth(rmap, "table_order", "table_work", lambda: fwd, forwards, SORT_WORK)
     back = back_order = None
     if transposed:
         back = _transposed_table(rmap, fwd)
-        gradients = table_work(rmap.num_in, weight)
+        gradients = table_work(rmap.num_in, weight) * work_weight
         back_order = _order_once_worth(
             rmap, "transposed_table_order", "transposed_table_work", lambda: back, gradients, SORT_WORK
         )

@@ -166,12 +166,13 @@ def conv_call(
     grad = torch.is_grad_enabled()
     x_grad = grad and x.requires_grad
     w_grad = grad and weight.requires_grad
-    _, table_fwd, table_dgrad, pairs = decide(
+    dtype, table_fwd, table_dgrad, pairs = decide(
         rmap, x, dataflow, c_in // groups, c_out // groups, x_grad, w_grad
     )
     if table_fwd:
+        exact = dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
         table, order, transposed, transposed_order, in_index, out_index, rel_ptr = views.table_views(
-            rmap, weight, table_dgrad, pairs
+            rmap, weight, table_dgrad, pairs, exact
         )
     else:
         table = order = transposed = transposed_order = None

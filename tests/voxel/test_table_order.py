@@ -217,6 +217,24 @@ def test_a_map_is_sorted_once_its_layers_work_adds_up(monkeypatch):
     assert "table_order" in again._cache
 
 
+@pytest.mark.parametrize("tf32", [False, True])
+def test_exact_fp32_work_weighs_more_towards_the_sort(monkeypatch, tf32):
+    """Exact fp32 runs on CUDA cores, so its table work counts EXACT_SORT_WEIGHT times: a map whose
+    first exact forward does a quarter of SORT_WORK is sorted by it; in TF32 it is not."""
+    rmap, plain = _map(n=5000, seed=4), _map(n=5000, seed=4)
+    x = torch.randn(rmap.num_in, 32, device="cuda")
+    w = torch.randn(27, 32, 32, device="cuda") / 30
+    assert views.EXACT_SORT_WEIGHT >= 4
+    monkeypatch.setattr(views, "SORT_WORK", 4 * views.table_work(rmap.num_out, w))
+    with allow_tf32(tf32):
+        out = relational_conv(x, w, rmap, dataflow=Dataflow.OUTPUT_STATIONARY)
+        assert ("table_order" in rmap._cache) is not tf32
+        monkeypatch.setattr(views, "SORT_WORK", float("inf"))
+        unsorted = relational_conv(x, w, plain, dataflow=Dataflow.OUTPUT_STATIONARY)
+    assert "table_order" not in plain._cache
+    assert torch.equal(out, unsorted)
+
+
 def test_order_out_of_range_entries_are_skipped_not_written():
     """A malformed order never writes outside the output: its entries out of range are skipped and
     every row it lists in range comes out as under the valid order (an out-of-bounds write would
