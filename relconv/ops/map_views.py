@@ -46,6 +46,12 @@ SORT_WORK = 1.5e9
 EXACT_SORT_WEIGHT = 8.0
 
 
+def sort_weight(dtype: torch.dtype) -> float:
+    """How much a multiply-add of a call computing in `dtype` counts towards SORT_WORK."""
+    exact = dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    return EXACT_SORT_WEIGHT if exact else 1.0
+
+
 def table_work(rows: int, weight: Tensor) -> float:
     """Multiply-adds of a table forward of `rows` rows through `weight` ([R, C_in, C_out] or
     [R, G, C_in_g, C_out_g]), per relation slot."""
@@ -222,16 +228,16 @@ def _relabel(rmap: RelationalMap, order: tuple[int, ...]) -> RelationalMap:
 
 
 def table_views(
-    rmap: RelationalMap, weight: Tensor, transposed: bool, pairs: bool, exact: bool
+    rmap: RelationalMap, weight: Tensor, transposed: bool, pairs: bool, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor, Tensor, Tensor]:
     """The views a table forward passes, as `relconv.ops.planning.decide` chose them: (neighbour
     table, its order, transposed table, its order, in_index, out_index, rel_ptr). The orders once
     the map's table forwards (input gradients) have done SORT_WORK, None before; the pairs padded
-    (kernel_pairs), or absent when no kernel of the call reads them. `exact`: the call runs exact
-    fp32, whose work counts EXACT_SORT_WEIGHT times towards the sort."""
+    (kernel_pairs), or absent when no kernel of the call reads them. `dtype`: the call's compute
+    dtype, which weighs its work (sort_weight)."""
     # The one read of the map's table: the views below are all derived from it.
     fwd = rmap.neighbor_table()
-    work_weight = EXACT_SORT_WEIGHT if exact else 1.0
+    work_weight = sort_weight(dtype)
     forwards = table_work(rmap.num_out, weight) * work_weight
     order = _order_once_worth(rmap, "table_order", "table_work", lambda: fwd, forwards, SORT_WORK)
     back = back_order = None

@@ -221,8 +221,10 @@ def plan(
         weight_grad = _kernel(
             "weight_grad", name, c_in_g, c_out_g, rmap.num_in, rmap.num_out, rmap, shape, tf32
         )
+    counts = map_views.sort_weight(dtype)
+    counted = f", each counting {counts:g}x" if counts != 1.0 else ""
     sort = (
-        f"table rows sorted once table forwards reach {map_views.SORT_WORK:.1e} multiply-adds"
+        f"table rows sorted once table forwards reach {map_views.SORT_WORK:.1e} multiply-adds{counted}"
         if table
         else "none"
     )

@@ -170,9 +170,8 @@ def conv_call(
         rmap, x, dataflow, c_in // groups, c_out // groups, x_grad, w_grad
     )
     if table_fwd:
-        exact = dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
         table, order, transposed, transposed_order, in_index, out_index, rel_ptr = views.table_views(
-            rmap, weight, table_dgrad, pairs, exact
+            rmap, weight, table_dgrad, pairs, dtype
         )
     else:
         table = order = transposed = transposed_order = None

@@ -228,6 +228,23 @@ def test_voxel_layer_plan_says_what_runs():
     assert trained.weight_grad.startswith("weight_grad_mma")
 
 
+def test_plan_states_the_sort_rule_of_its_dtype():
+    """Exact fp32 work counts EXACT_SORT_WEIGHT times towards the table sort; fp16's and TF32's once."""
+    from relconv.ops import map_views
+    from tests.conftest import allow_tf32
+
+    x, conv = _voxel_layer(channels=32)  # exact fp32 takes the table up to 32 output channels
+    with torch.no_grad():
+        assert conv.execution_plan(x, arch=H100).sort.endswith("multiply-adds")
+        conv32, x32 = conv.float(), x.replace_feature(x.feats.float())
+        with allow_tf32(False):
+            exact = conv32.execution_plan(x32, arch=H100)
+        with allow_tf32(True):
+            tf32 = conv32.execution_plan(x32, arch=H100)
+    assert exact.sort.endswith(f"each counting {map_views.EXACT_SORT_WEIGHT:g}x")
+    assert tf32.sort.endswith("multiply-adds")
+
+
 def test_graph_layer_plan_says_what_runs():
     torch.manual_seed(0)
     edge_index = torch.randint(0, 50, (2, 400))
