@@ -23,9 +23,9 @@ from collections import defaultdict
 
 import torch
 
+from benchmarks.harness.floor import DTYPES
+from benchmarks.harness.prepare import set_tf32
 from benchmarks.workloads.voxels import at_stride, load_scene
-
-DTYPES = {"fp16": torch.half, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}
 
 
 def kernel_times(fn, repeats: int = 10) -> dict[str, tuple[int, float]]:
@@ -152,7 +152,7 @@ def layer_breakdown(
     call (a new coordinate set each call), with `backward` also its cached training step, for
     relconv and (`peers`) spconv; in `dtype` (DTYPES), over the scene's sites at tensor `stride`."""
     coords = at_stride(scene.coords, stride)
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    set_tf32(dtype == "tf32")
     label = f"{dtype} stride {stride}" if stride > 1 else dtype
     cases = ("cached", "fresh") if fresh else ("cached",)
     libraries = [("relconv", _relconv_subm)]
