@@ -64,6 +64,7 @@ enum class Config : int {
   kWeightGradMma32,
   kWeightGradMma64,
   kWeightGradMma128,
+  kWeightGradExact16,
   kWeightGradExact32,
   kWeightGradExact64,
   kWeightGradExact128,
@@ -116,6 +117,7 @@ constexpr TileShape tiles(Config c, int bytes) {
     case Config::kWeightGradMma32: return {32, 32, narrow_k, 16, 16, 4};
     case Config::kWeightGradMma64: return {64, 64, narrow_k, 32, 32, 4};
     case Config::kWeightGradMma128: return {128, 128, narrow_k, 64, 32, 3};
+    case Config::kWeightGradExact16: return {16, 16, wide_k, 16, 16, 4, 4};
     case Config::kWeightGradExact32: return {32, 32, narrow_k, 16, 32, 4};
     case Config::kWeightGradExact64: return {64, 64, narrow_k, 32, 32, 4};
     case Config::kWeightGradExact128: return {128, 128, narrow_k, 32, 64, 3};
@@ -162,6 +164,7 @@ constexpr const char* config_name(Config c) {
     case Config::kWeightGradMma32: return "weight_grad_mma_32";
     case Config::kWeightGradMma64: return "weight_grad_mma_64";
     case Config::kWeightGradMma128: return "weight_grad_mma_128";
+    case Config::kWeightGradExact16: return "weight_grad_exact_16";
     case Config::kWeightGradExact32: return "weight_grad_exact_32";
     case Config::kWeightGradExact64: return "weight_grad_exact_64";
     case Config::kWeightGradExact128: return "weight_grad_exact_128";
@@ -207,6 +210,7 @@ constexpr const char* family_name(Config c) {
     case Config::kWeightGradMma32:
     case Config::kWeightGradMma64:
     case Config::kWeightGradMma128: return "weight_grad_mma";
+    case Config::kWeightGradExact16:
     case Config::kWeightGradExact32:
     case Config::kWeightGradExact64:
     case Config::kWeightGradExact128: return "weight_grad_exact_fp32";
@@ -491,6 +495,9 @@ constexpr Config weight_grad_kernel(const WeightGradProblem& p, const Device& de
     return narrow ? Config::kWeightGradMma32 : wide_mma ? Config::kWeightGradMma128 : Config::kWeightGradMma64;
   }
   if (pipelined) {
+    // C16 and narrower on the 16 x 16 tile, as for tensor cores: the 32 x 32 tile spends three
+    // quarters of its fmas and half its copies on padding there.
+    if (p.vec_x && p.cin_g <= 16 && p.cout_g <= 16) return Config::kWeightGradExact16;
     return narrow ? Config::kWeightGradExact32 : wide ? Config::kWeightGradExact128 : Config::kWeightGradExact64;
   }
   return narrow ? Config::kWeightGradSimt32 : Config::kWeightGradSimt64;

@@ -449,6 +449,7 @@ at::Tensor weight_grad_by_width(const cuda::WeightGradArgs<T, Idx>& a, const at:
     RELCONV_WEIGHT_GRAD(kWeightGradMma32, true, false)
     RELCONV_WEIGHT_GRAD(kWeightGradMma64, true, false)
     RELCONV_WEIGHT_GRAD(kWeightGradMma128, true, false)
+    RELCONV_WEIGHT_GRAD(kWeightGradExact16, true, true)
     RELCONV_WEIGHT_GRAD(kWeightGradExact32, true, true)
     RELCONV_WEIGHT_GRAD(kWeightGradExact64, true, true)
     RELCONV_WEIGHT_GRAD(kWeightGradExact128, true, true)

@@ -285,9 +285,10 @@ struct MmaWarpTile {
 
 // Exact fp32 on CUDA cores with MmaWarpTile's interface and shared-memory layouts (A row-major, B
 // k-major), so the pipelined tensor-core table kernel runs exact float too. The warp's lanes form a
-// 4 x 8 grid; lane (tm, tn) owns rows tm + 4 i and the column pairs 2 tn + 16 j, +1. Per k a lane
-// reads WM / 4 A elements (4 distinct rows per warp, broadcast, in distinct banks for lda = 4 mod
-// 32) and WN / 16 float2 of B (16 consecutive floats per warp) for WM * WN / 32 fmas.
+// 4 x 8 grid; lane (tm, tn) owns rows tm + 4 i and the column pairs 2 tn + 16 j, +1. Per four k a
+// lane reads one float4 of each of its WM / 4 rows (4 distinct rows per warp, broadcast, in distinct
+// banks for lda = 4 mod 32, rows 16-byte aligned) and, per k, WN / 16 float2 of B (16 consecutive
+// floats per warp) for WM * WN / 32 fmas; each sum still runs in k order.
 template <int WM, int WN>
 struct SimtWarpTile {
   static constexpr int kRows = WM / 4, kPairs = WN / 16;
@@ -305,24 +306,30 @@ struct SimtWarpTile {
 
   template <int BK>
   __device__ __forceinline__ void mma(const float* a, int lda, const float* b, int ldb) {
+    static_assert(BK % 4 == 0, "A is read four k at a time");
     const int lane = threadIdx.x % 32, tm = lane / 8, tn = lane % 8;
     const float* ap = a + tm * lda;
     const float* bp = b + 2 * tn;
-#pragma unroll 4
-    for (int k = 0; k < BK; ++k) {
-      float av[kRows];
-      float2 bv[kPairs];
+#pragma unroll 1
+    for (int k0 = 0; k0 < BK; k0 += 4) {
+      float4 aq[kRows];
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) av[i] = ap[4 * i * lda + k];
+      for (int i = 0; i < kRows; ++i) aq[i] = *reinterpret_cast<const float4*>(ap + 4 * i * lda + k0);
 #pragma unroll
-      for (int j = 0; j < kPairs; ++j) bv[j] = *reinterpret_cast<const float2*>(bp + k * ldb + 16 * j);
+      for (int kk = 0; kk < 4; ++kk) {
+        float2 bv[kPairs];
 #pragma unroll
-      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < kPairs; ++j) bv[j] = *reinterpret_cast<const float2*>(bp + (k0 + kk) * ldb + 16 * j);
 #pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          acc[i][2 * j] = fmaf(av[i], bv[j].x, acc[i][2 * j]);
-          acc[i][2 * j + 1] = fmaf(av[i], bv[j].y, acc[i][2 * j + 1]);
+        for (int i = 0; i < kRows; ++i) {
+          const float av = kk == 0 ? aq[i].x : kk == 1 ? aq[i].y : kk == 2 ? aq[i].z : aq[i].w;
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            acc[i][2 * j] = fmaf(av, bv[j].x, acc[i][2 * j]);
+            acc[i][2 * j + 1] = fmaf(av, bv[j].y, acc[i][2 * j + 1]);
+          }
         }
+      }
     }
   }
 
@@ -339,39 +346,54 @@ struct SimtWarpTile {
 // Exact fp32 on CUDA cores with both operands k-major (A(m, k) at a[k * lda + m], B(k, n) at
 // b[k * ldb + n]): the weight gradient's gathered rows, so its pipelined kernel runs exact float too.
 // The warp's lanes form a 4 x 8 grid; lane (tm, tn) owns the row quads 4 tm + 16 i and the column
-// quads 4 tn + 32 j. Per k a lane reads WM / 16 + WN / 32 float4 (a warp: 4 distinct A quads,
-// broadcast, and 8 consecutive B quads, one 128-byte row) for WM * WN / 32 fmas, where a thread tile
-// reading scalars spends one shared load per two fmas. lda and ldb must keep rows 16-byte aligned.
-// `scale` (null: none) holds one factor per k, applied to B: the pair scale of R-GCN's 1/deg.
+// quads 4 tn + 32 j (a 16-wide tile: the column pairs 2 tn). Per k a lane reads WM / 16 float4 of A
+// and WN / 32 float4 (or one float2) of B (a warp: 4 distinct A quads, broadcast, and one row of B)
+// for WM * WN / 32 fmas, where a thread tile reading scalars spends one shared load per two fmas.
+// lda and ldb must keep rows 16-byte aligned. `scale` (null: none) holds one factor per k, applied
+// to B: the pair scale of R-GCN's 1/deg.
 template <int WM, int WN>
 struct SimtOuterWarpTile {
-  static constexpr int kRowQuads = WM / 16, kColQuads = WN / 32;
-  static_assert(WM % 16 == 0 && WN % 32 == 0, "warp tile must split over a 4 x 8 lane grid of quads");
-  float acc[4 * kRowQuads][4 * kColQuads];
+  static_assert(WM % 16 == 0 && (WN % 32 == 0 || WN == 16), "warp tile must split over a 4 x 8 lane grid");
+  // Columns a lane owns side by side (one vector load of B), and how many such groups.
+  static constexpr int kColW = WN % 32 == 0 ? 4 : 2;
+  static constexpr int kRowQuads = WM / 16, kColGroups = WN / (8 * kColW), kCols = kColW * kColGroups;
+  float acc[4 * kRowQuads][kCols];
 
   __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int i = 0; i < 4 * kRowQuads; ++i)
 #pragma unroll
-      for (int j = 0; j < 4 * kColQuads; ++j) acc[i][j] = 0.f;
+      for (int j = 0; j < kCols; ++j) acc[i][j] = 0.f;
   }
 
   template <int BK>
   __device__ __forceinline__ void mma(const float* a, int lda, const float* b, int ldb, const float* scale) {
     const int lane = threadIdx.x % 32, tm = lane / 8, tn = lane % 8;
     const float* ap = a + 4 * tm;
-    const float* bp = b + 4 * tn;
+    const float* bp = b + kColW * tn;
 #pragma unroll 4
     for (int k = 0; k < BK; ++k) {
-      float4 av[kRowQuads], bv[kColQuads];
+      float4 av[kRowQuads];
+      float bv[kColGroups][kColW];
 #pragma unroll
       for (int i = 0; i < kRowQuads; ++i) av[i] = *reinterpret_cast<const float4*>(ap + k * lda + 16 * i);
 #pragma unroll
-      for (int j = 0; j < kColQuads; ++j) bv[j] = *reinterpret_cast<const float4*>(bp + k * ldb + 32 * j);
+      for (int j = 0; j < kColGroups; ++j) {
+        const float* src = bp + k * ldb + 8 * kColW * j;
+        if constexpr (kColW == 4) {
+          const float4 v = *reinterpret_cast<const float4*>(src);
+          bv[j][0] = v.x, bv[j][1] = v.y, bv[j][2] = v.z, bv[j][3] = v.w;
+        } else {
+          const float2 v = *reinterpret_cast<const float2*>(src);
+          bv[j][0] = v.x, bv[j][1] = v.y;
+        }
+      }
       if (scale) {
         const float s = scale[k];
 #pragma unroll
-        for (int j = 0; j < kColQuads; ++j) bv[j].x *= s, bv[j].y *= s, bv[j].z *= s, bv[j].w *= s;
+        for (int j = 0; j < kColGroups; ++j)
+#pragma unroll
+          for (int q = 0; q < kColW; ++q) bv[j][q] *= s;
       }
 #pragma unroll
       for (int i = 0; i < kRowQuads; ++i) {
@@ -379,12 +401,10 @@ struct SimtOuterWarpTile {
 #pragma unroll
         for (int r = 0; r < 4; ++r)
 #pragma unroll
-          for (int j = 0; j < kColQuads; ++j) {
-            float* c = acc[4 * i + r] + 4 * j;
-            c[0] = fmaf(ar[r], bv[j].x, c[0]);
-            c[1] = fmaf(ar[r], bv[j].y, c[1]);
-            c[2] = fmaf(ar[r], bv[j].z, c[2]);
-            c[3] = fmaf(ar[r], bv[j].w, c[3]);
+          for (int j = 0; j < kColGroups; ++j) {
+            float* c = acc[4 * i + r] + kColW * j;
+#pragma unroll
+            for (int q = 0; q < kColW; ++q) c[q] = fmaf(ar[r], bv[j][q], c[q]);
           }
       }
     }
@@ -397,8 +417,9 @@ struct SimtOuterWarpTile {
 #pragma unroll
     for (int i = 0; i < 4 * kRowQuads; ++i)
 #pragma unroll
-      for (int j = 0; j < 4 * kColQuads; j += 2)
-        store(4 * tm + 16 * (i / 4) + i % 4, 4 * tn + 32 * (j / 4) + j % 4, acc[i][j], acc[i][j + 1]);
+      for (int j = 0; j < kCols; j += 2)
+        store(4 * tm + 16 * (i / 4) + i % 4, kColW * tn + 8 * kColW * (j / kColW) + j % kColW, acc[i][j],
+              acc[i][j + 1]);
   }
 };
 
