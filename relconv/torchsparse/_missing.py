@@ -8,11 +8,17 @@ from __future__ import annotations
 
 KERNEL_MAPS = "TorchSparse's kernel-map internals are not provided: relconv builds and caches its own maps"
 
+_BEV = {
+    name: (
+        f"{name} is not provided by relconv.torchsparse: TorchSparse 2.1's own forward fails (it reads "
+        "the indices of a tensor it has made dense); ToDenseBEVConvolution and ToBEVHeightCompression are"
+    )
+    for name in ("ToBEVConvolution", "ToBEVReduction")
+}
+
 MISSING = {
-    "torchsparse.nn": {
-        name: f"{name} is not provided by relconv.torchsparse (ToDenseBEVConvolution is)"
-        for name in ("ToBEVConvolution", "ToBEVReduction", "ToBEVHeightCompression")
-    },
+    "torchsparse.nn": _BEV,
+    "torchsparse.nn.modules": _BEV,
     "torchsparse.nn.functional": {
         name: KERNEL_MAPS
         for name in ("build_kernel_map", "transpose_kernel_map", "spdownsample", "spupsample_generative")

@@ -14,6 +14,10 @@ ALIASES = {
     "torchsparse.backends": "relconv.torchsparse.backends",
     "torchsparse.nn": "relconv.torchsparse.nn",
     "torchsparse.nn.modules": "relconv.torchsparse.nn.modules",
+    **{
+        f"torchsparse.nn.modules.{m}": "relconv.torchsparse.nn.modules"
+        for m in ("activation", "bev", "conv", "crop", "norm", "pooling")
+    },
     "torchsparse.nn.functional": "relconv.torchsparse.nn.functional",
     "torchsparse.nn.functional.conv": "relconv.torchsparse.nn.functional.conv",
     "torchsparse.nn.functional.conv.conv_config": "relconv.torchsparse.nn.functional.conv_config",

@@ -1,5 +1,5 @@
-"""relconv.torchsparse.nn's feature-wise modules, pooling, crop and ToDenseBEVConvolution against
-torch on the features and plain loops; missing names raise NotImplementedError."""
+"""relconv.torchsparse.nn's feature-wise modules, pooling, crop and BEV modules against torch on
+the features and plain loops; missing names raise NotImplementedError."""
 
 from __future__ import annotations
 
@@ -125,8 +125,61 @@ def test_to_dense_bev_convolution_equals_a_loop():
         spnn.ToDenseBEVConvolution(3, 5, shape=(4, 4, 4), dim=3)
 
 
+def test_bev_modules_refuse_voxels_outside_their_grid():
+    coords = torch.tensor([[0, 1, 2, 3], [0, 1, 5, 0]], dtype=torch.int32)  # column 2 = 5 >= 4
+    x = SparseTensor(torch.randn(2, 3), coords)
+    with pytest.raises(ValueError, match="outside the grid"):
+        spnn.ToDenseBEVConvolution(3, 5, shape=(4, 4, 4))(x)
+    with pytest.raises(ValueError, match="outside the grid"):
+        spnn.ToDenseBEVConvolution(3, 5, shape=(8, 1, 8))(x)  # height (column 1) 1 >= shape[1] = 1
+    with pytest.raises(ValueError, match="outside the grid"):
+        spnn.ToBEVHeightCompression(3, shape=(4, 4, 4))(x)
+    with pytest.raises(ValueError, match="no voxels"):
+        spnn.ToBEVHeightCompression(3, shape=(4, 4, 4))(SparseTensor(torch.randn(0, 3), coords[:0]))
+    with pytest.raises(ValueError, match="channels"):
+        spnn.ToBEVHeightCompression(5, shape=(4, 4, 4))(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("dim", "stride", "offset"), [(1, 1, (0, 0, 0)), (2, 2, (0, 1, 0)), (0, 1, (0, 0, 1))]
+)
+def test_bev_height_compression_equals_a_loop(device, dim, stride, offset):
+    g = torch.Generator().manual_seed(dim)
+    shape = (4, 5, 6)
+    coords = torch.cat(
+        [torch.randint(0, 2, (40, 1), generator=g), torch.randint(1, 4, (40, 3), generator=g)], 1
+    )
+    coords = torch.unique(coords, dim=0).int()
+    feats = torch.randn(coords.shape[0], 3, generator=g)
+    module = spnn.ToBEVHeightCompression(3, shape=shape, offset=offset, dim=dim).to(device)
+    assert set(module.state_dict()) == {"offset", "shape"}
+    out = module(SparseTensor(feats.to(device), coords.to(device), stride=stride)).cpu()
+    # TorchSparse 2.1 indexes batch-first rows with axes meant for (x, y, z): `dim` and the BEV axes
+    # pick columns of (b, x, y, z) (offset included) but entries of `shape` and of the stride.
+    bev = [a for a in range(3) if a != dim]
+    height = shape[dim]
+    ref = torch.zeros(2, shape[bev[0]], shape[bev[1]], height, 3)
+    for row, f in zip(coords.tolist(), feats, strict=True):
+        d = [v - o for v, o in zip(row, (*offset, 0), strict=True)]
+        i, j, z = (int(d[a] / stride) for a in (*bev, dim))  # int() truncates, as TorchSparse does
+        ref[d[0], i, j, min(max(z, 0), height - 1)] += f
+    assert out.shape == (2, height * 3, shape[bev[0]], shape[bev[1]])
+    torch.testing.assert_close(out, ref.reshape(2, shape[bev[0]], shape[bev[1]], -1).permute(0, 3, 1, 2))
+
+
+def test_modules_exports_every_layer_as_torchsparse_does():
+    import relconv.torchsparse.nn.modules as modules
+
+    assert modules.Conv3d is spnn.Conv3d
+    assert modules.ToDenseBEVConvolution is spnn.ToDenseBEVConvolution
+    assert modules.ToBEVHeightCompression is spnn.ToBEVHeightCompression
+    with pytest.raises(NotImplementedError, match="ToBEVReduction"):
+        modules.ToBEVReduction  # noqa: B018
+
+
 def test_missing_names_say_what_is_missing():
-    with pytest.raises(NotImplementedError, match="ToBEVConvolution"):
+    with pytest.raises(NotImplementedError, match="own forward fails"):
         spnn.ToBEVConvolution  # noqa: B018
     with pytest.raises(NotImplementedError, match="spdownsample"):
         from relconv.torchsparse.nn.functional import spdownsample  # noqa: F401

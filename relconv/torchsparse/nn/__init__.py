@@ -2,7 +2,7 @@
 
 from relconv.torchsparse._missing import missing
 from relconv.torchsparse.nn import functional, utils
-from relconv.torchsparse.nn.bev import ToDenseBEVConvolution
+from relconv.torchsparse.nn.bev import ToBEVHeightCompression, ToDenseBEVConvolution
 from relconv.torchsparse.nn.functional.conv import Conv3d
 from relconv.torchsparse.nn.modules import (
     BatchNorm,
@@ -27,6 +27,7 @@ __all__ = [
     "ReLU",
     "SiLU",
     "SparseCrop",
+    "ToBEVHeightCompression",
     "ToDenseBEVConvolution",
     "functional",
     "utils",

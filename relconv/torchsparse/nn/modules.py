@@ -1,4 +1,5 @@
-"""TorchSparse's feature-wise modules (norms, activations), global pooling and crop.
+"""TorchSparse's feature-wise modules (norms, activations), global pooling and crop; like
+`torchsparse.nn.modules`, it also exports the conv and the BEV modules.
 
 The norms and activations are torch's own modules applied to `feats`, so their parameters,
 buffers and state_dict keys are TorchSparse's (which subclasses the same torch modules).
@@ -14,13 +15,17 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from relconv.torchsparse._missing import missing
+from relconv.torchsparse.nn.bev import ToBEVHeightCompression, ToDenseBEVConvolution
 from relconv.torchsparse.nn.functional import global_avg_pool, global_max_pool, spcrop
+from relconv.torchsparse.nn.functional.conv import Conv3d
 from relconv.torchsparse.nn.functional.pending import PendingConv
 from relconv.torchsparse.tensor import SparseTensor
 from relconv.voxel.nn import norm_act
 
 __all__ = [
     "BatchNorm",
+    "Conv3d",
     "GlobalAvgPool",
     "GlobalMaxPool",
     "GroupNorm",
@@ -29,7 +34,13 @@ __all__ = [
     "ReLU",
     "SiLU",
     "SparseCrop",
+    "ToBEVHeightCompression",
+    "ToDenseBEVConvolution",
 ]
+
+
+def __getattr__(name: str):
+    raise missing("torchsparse.nn.modules", name)
 
 
 def _sparse(input: object) -> SparseTensor:
