@@ -16,7 +16,16 @@ from relconv.voxel.kernel_map import (
     transposed_map,
 )
 from relconv.voxel.nn import BatchNorm, Dropout, LeakyReLU, ReLU, Sequential, inference_folding
-from relconv.voxel.pool import AvgPool3d, GlobalAvgPool, GlobalMaxPool, MaxPool3d, global_pool, pool3d
+from relconv.voxel.pool import (
+    AvgPool3d,
+    GlobalAvgPool,
+    GlobalMaxPool,
+    MaxPool3d,
+    SumPool3d,
+    global_pool,
+    pool3d,
+)
+from relconv.voxel.sites import Prune, Union, prune, union
 from relconv.voxel.sync_nn import SyncBatchNorm, convert_sync_batchnorm
 from relconv.voxel.tensor import VoxelTensor, cat
 from relconv.voxel.voxelize import Voxelized, collate, devoxelize, voxelize
@@ -32,9 +41,12 @@ __all__ = [
     "MapCache",
     "MaxPool3d",
     "PreparedCalls",
+    "Prune",
     "ReLU",
     "Sequential",
+    "SumPool3d",
     "SyncBatchNorm",
+    "Union",
     "VoxelTensor",
     "Voxelized",
     "cat",
@@ -49,9 +61,11 @@ __all__ = [
     "inference_folding",
     "kernel_offsets",
     "pool3d",
+    "prune",
     "strided_map",
     "strided_output_coords",
     "submanifold_map",
     "transposed_map",
+    "union",
     "voxelize",
 ]

@@ -1,4 +1,4 @@
-"""Sparse max / average pooling over kernel windows, and global pooling per sample.
+"""Sparse max / average / sum pooling over kernel windows, and global pooling per sample.
 
 Window pooling uses the same kernel maps as `Conv3d` (same offsets, stride and caching) and reduces
 the gathered input rows per output with `scatter_reduce`; only occupied voxels take part, so the
@@ -26,8 +26,8 @@ def pool3d(
     """Pools `x.feats [N, C]` over each output's window -> [M, C]; stride defaults to kernel_size."""
     if not isinstance(x, VoxelTensor):
         raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
-    if reduce not in ("amax", "mean"):
-        raise ValueError(f"reduce must be 'amax' or 'mean', got {reduce!r}")
+    if reduce not in ("amax", "mean", "sum"):
+        raise ValueError(f"reduce must be 'amax', 'mean' or 'sum', got {reduce!r}")
     k = triple(kernel_size, "kernel_size")
     s = k if stride is None else triple(stride, "stride")
     lm = layer_map(x, k, s, triple(dilation, "dilation"))
@@ -54,6 +54,13 @@ class AvgPool3d(MaxPool3d):
 
     def forward(self, x: VoxelTensor) -> VoxelTensor:
         return pool3d(x, self.kernel_size, self.stride, self.dilation, "mean")
+
+
+class SumPool3d(MaxPool3d):
+    """Sum over the occupied voxels of each window (stride defaults to kernel_size)."""
+
+    def forward(self, x: VoxelTensor) -> VoxelTensor:
+        return pool3d(x, self.kernel_size, self.stride, self.dilation, "sum")
 
 
 def global_pool(x: VoxelTensor, reduce: str = "mean", batch_size: int | None = None) -> Tensor:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from voxel_refs import gather, random_voxels
 
-from relconv.voxel import AvgPool3d, MaxPool3d, global_pool, pool3d
+from relconv.voxel import AvgPool3d, MaxPool3d, SumPool3d, global_pool, pool3d
 
 
 @pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2), (3, 1)])
@@ -31,6 +31,27 @@ def test_avg_pool_is_mean_over_occupied(kernel, stride):
     count = F.avg_pool3d(occ, kernel, stride) * kernel**3
     ref = gather(total / count.clamp(min=1), y.coords, [0, 0, 0], (stride,) * 3)
     torch.testing.assert_close(y.feats, ref)
+
+
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2), (3, 1)])
+def test_sum_pool_matches_dense(kernel, stride):
+    x = random_voxels(120, 6, 3, batch=2)
+    x.feats.requires_grad_(True)
+    y = SumPool3d(kernel, stride)(x)
+    pad = kernel // 2 if kernel % 2 else 0
+    dense = F.pad(x.dense(spatial_shape=(6, 6, 6), batch_size=2), [pad, kernel] * 3)
+    ref = gather(F.avg_pool3d(dense, kernel, stride) * kernel**3, y.coords, [0, 0, 0], (stride,) * 3)
+    torch.testing.assert_close(y.feats, ref)
+    # each input row reaches the outputs of the windows that hold it
+    y.feats.sum().backward()
+    windows = torch.zeros(x.feats.shape[0], dtype=x.feats.dtype)
+    for out in y.coords.tolist():
+        lo = [c - pad for c in out[1:]]
+        inside = (x.coords[:, 0] == out[0]) & (
+            (x.coords[:, 1:] >= torch.tensor(lo)) & (x.coords[:, 1:] < torch.tensor(lo) + kernel)
+        ).all(1)
+        windows += inside.float()
+    torch.testing.assert_close(x.feats.grad, windows.unsqueeze(1).expand_as(x.feats))
 
 
 def test_max_pool_module_and_gradient():
