@@ -468,3 +468,13 @@ def test_maps_on_a_grid_convs_sites_skip_the_coordinate_check(monkeypatch):
     monkeypatch.setattr(coord_ops, "check_coords", fail)
     out = sub(down(x))
     assert out.feats.shape == (down(x).feats.shape[0], 4)
+
+
+def test_idle_gaps_are_the_complement_of_the_union_of_gpu_intervals():
+    from benchmarks.compat.idle import _busy_and_gaps
+
+    # overlapping, nested and touching intervals after the call starts at 0
+    busy, gaps = _busy_and_gaps([(2.0, 5.0), (3.0, 4.0), (4.0, 7.0), (7.0, 8.0), (10.0, 11.0)], 0.0)
+    assert busy == 7.0
+    assert gaps == [(0.0, 2.0), (8.0, 10.0)]
+    assert _busy_and_gaps([], 1.0) == (0.0, [])
