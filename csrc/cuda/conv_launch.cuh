@@ -360,9 +360,10 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   a.n_tiles = (a.cout_g + Cfg::BN - 1) / Cfg::BN;
   const int64_t y = int64_t{m_tiles} * a.n_tiles;
   check_grid_y(y, a.groups);
-  // Pipelined: 4 blocks per SM; 8 for the 16 x 16 tile and for the exact fp32 32 x 32 tile, whose
-  // blocks are small (16 x 16: 25 KB of shared memory, 64 registers; exact 32 x 32: 21 KB, 105
-  // registers, 9 fit) and wait on their gathers. H200, kernel us of a training step (subm 3^3,
+  // Pipelined: 4 blocks per SM; 8 for the 16 x 16 tiles and for the exact fp32 32 x 32 tile, whose
+  // blocks are small (16 x 16: 25 KB of shared memory, 64 registers, or 76 in exact fp32, where 6
+  // fit; exact 32 x 32: 21 KB, 105 registers, 9 fit) and wait on their gathers. The launch takes
+  // what fits (resident_blocks). H200, kernel us of a training step (subm 3^3,
   // batch4-64beam / room-3cm / aggregate-1m): C16 fp16 240 / 399 / 1072 with 4 against 234 / 376 /
   // 1018; C32 fp32 621 / 1632 / 4237 against 529 / 1331 / 3395, C16 fp32 413 / 1051 / 2791 against
   // 322 / 770 / 1977.
