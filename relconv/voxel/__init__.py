@@ -21,9 +21,11 @@ from relconv.voxel.pool import (
     GlobalAvgPool,
     GlobalMaxPool,
     MaxPool3d,
+    PoolTranspose3d,
     SumPool3d,
     global_pool,
     pool3d,
+    pool_transpose3d,
 )
 from relconv.voxel.sites import Prune, Union, prune, union
 from relconv.voxel.sync_nn import SyncBatchNorm, convert_sync_batchnorm
@@ -40,6 +42,7 @@ __all__ = [
     "LeakyReLU",
     "MapCache",
     "MaxPool3d",
+    "PoolTranspose3d",
     "PreparedCalls",
     "Prune",
     "ReLU",
@@ -61,6 +64,7 @@ __all__ = [
     "inference_folding",
     "kernel_offsets",
     "pool3d",
+    "pool_transpose3d",
     "prune",
     "strided_map",
     "strided_output_coords",

@@ -1,4 +1,4 @@
-"""Sparse max / average / sum pooling over kernel windows, and global pooling per sample.
+"""Sparse max / average / sum pooling over kernel windows, unpooling, and global pooling per sample.
 
 Window pooling uses the same kernel maps as `Conv3d` (same offsets, stride and caching) and reduces
 the gathered input rows per output with `scatter_reduce`; only occupied voxels take part, so the
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from relconv.voxel.kernel_map import layer_map
+from relconv.voxel.kernel_map import LayerMap, layer_map
 from relconv.voxel.tensor import VoxelTensor
 from relconv.voxel.utils import triple
 
@@ -30,7 +30,29 @@ def pool3d(
         raise ValueError(f"reduce must be 'amax', 'mean' or 'sum', got {reduce!r}")
     k = triple(kernel_size, "kernel_size")
     s = k if stride is None else triple(stride, "stride")
-    lm = layer_map(x, k, s, triple(dilation, "dilation"))
+    return _reduce_over(x, layer_map(x, k, s, triple(dilation, "dilation")), reduce)
+
+
+def pool_transpose3d(
+    x: VoxelTensor,
+    kernel_size: int | Sequence[int],
+    stride: int | Sequence[int],
+    dilation: int | Sequence[int] = 1,
+    generative: bool = False,
+) -> VoxelTensor:
+    """Unpooling (MinkowskiEngine's `MinkowskiPoolingTranspose`): each output site takes the mean of
+    the input rows whose windows reach it, over the transposed map of a `kernel_size` / `stride`
+    pool. The outputs are the sites the matching strided layer started from (as a transposed
+    `Conv3d`), or with `generative` every site the kernel reaches (ME's `expand_coordinates`)."""
+    if not isinstance(x, VoxelTensor):
+        raise TypeError(f"x must be a VoxelTensor, got {type(x).__name__}")
+    k, s = triple(kernel_size, "kernel_size"), triple(stride, "stride")
+    lm = layer_map(x, k, s, triple(dilation, "dilation"), transposed=True, generative=generative)
+    return _reduce_over(x, lm, "mean")
+
+
+def _reduce_over(x: VoxelTensor, lm: LayerMap, reduce: str) -> VoxelTensor:
+    """`x.feats [N, C]` reduced per output of the layer map `lm` -> [M, C]; outputs no row reaches get 0."""
     rows = x.feats.index_select(0, lm.rmap.in_index.long())
     index = lm.rmap.out_index.long().unsqueeze(1).expand_as(rows)
     out = x.feats.new_zeros(lm.rmap.num_out, x.feats.shape[1])
@@ -61,6 +83,23 @@ class SumPool3d(MaxPool3d):
 
     def forward(self, x: VoxelTensor) -> VoxelTensor:
         return pool3d(x, self.kernel_size, self.stride, self.dilation, "sum")
+
+
+class PoolTranspose3d(nn.Module):
+    """Unpooling: `pool_transpose3d` as a module (MinkowskiEngine's `MinkowskiPoolingTranspose`;
+    `generative=True` for its `expand_coordinates=True`)."""
+
+    def __init__(self, kernel_size, stride, dilation=1, generative: bool = False) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.dilation, self.generative = (
+            kernel_size,
+            stride,
+            dilation,
+            generative,
+        )
+
+    def forward(self, x: VoxelTensor) -> VoxelTensor:
+        return pool_transpose3d(x, self.kernel_size, self.stride, self.dilation, self.generative)
 
 
 def global_pool(x: VoxelTensor, reduce: str = "mean", batch_size: int | None = None) -> Tensor:

@@ -1,11 +1,19 @@
-"""Sparse pooling against dense pooling, and global pooling."""
+"""Sparse pooling against dense pooling, unpooling against plain loops, and global pooling."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from voxel_refs import gather, random_voxels
 
-from relconv.voxel import AvgPool3d, MaxPool3d, SumPool3d, global_pool, pool3d
+from relconv.voxel import (
+    AvgPool3d,
+    MaxPool3d,
+    PoolTranspose3d,
+    SumPool3d,
+    global_pool,
+    pool3d,
+    pool_transpose3d,
+)
 
 
 @pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2), (3, 1)])
@@ -52,6 +60,39 @@ def test_sum_pool_matches_dense(kernel, stride):
         ).all(1)
         windows += inside.float()
     torch.testing.assert_close(x.feats.grad, windows.unsqueeze(1).expand_as(x.feats))
+
+
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2)])
+def test_unpooling_is_the_mean_over_the_windows_reaching_each_site(kernel, stride):
+    x = random_voxels(120, 6, 3, batch=2)
+    coarse = SumPool3d(kernel, stride)(x)
+    coarse.feats.requires_grad_(True)
+    y = PoolTranspose3d(kernel, stride)(coarse)
+    assert torch.equal(y.coords, x.coords) and y.stride == (1, 1, 1)  # the sites the pool started from
+    # a coarse site c's window holds the fine sites c - pad + [0, kernel) per axis
+    pad = kernel // 2 if kernel % 2 else 0
+    want = []
+    for site in x.coords.tolist():
+        near = [
+            f
+            for c, f in zip(coarse.coords.tolist(), coarse.feats.detach(), strict=True)
+            if c[0] == site[0] and all(0 <= site[a] - c[a] + pad < kernel for a in (1, 2, 3))
+        ]
+        want.append(torch.stack(near).mean(0))
+    torch.testing.assert_close(y.feats.detach(), torch.stack(want))
+    y.feats.sum().backward()
+    assert coarse.feats.grad.shape == coarse.feats.shape
+
+
+def test_generative_unpooling_reaches_every_site_of_the_kernel():
+    x = random_voxels(40, 4, 2, batch=2, stride=2)
+    y = pool_transpose3d(x, 2, 2, generative=True)
+    assert y.stride == (1, 1, 1) and y.feats.shape[0] == 8 * x.feats.shape[0]
+    parent = {tuple(c): f for c, f in zip(x.coords.tolist(), x.feats, strict=True)}
+    for site, f in zip(y.coords.tolist(), y.feats, strict=True):
+        torch.testing.assert_close(f, parent[(site[0], *(v - v % 2 for v in site[1:]))])
+    with pytest.raises(TypeError, match="VoxelTensor"):
+        pool_transpose3d(x.feats, 2, 2)
 
 
 def test_max_pool_module_and_gradient():
