@@ -7,7 +7,8 @@ output-stationary kernel walks. A profiling aid (what to optimise), not a benchm
                                        [--dtype fp16|bf16|tf32|fp32] [--stride S]
 
 `--channels` takes widths C (a C -> C layer) or C_in:C_out pairs (`96,160:96`). `--backward` adds
-the cached layer's training step (forward, then the backward of the output's sum). `--peers` adds
+the cached layer's training step (forward, then the backward of the output's sum), and MinkUNet's
+fp16 training step (spconv's too with `--peers`). `--peers` adds
 spconv / TorchSparse++ to the layer and MinkUNet breakdowns when importable (after `source
 benchmarks/peers/activate.sh`). `--dtype` sets the layers' precision (fp32: exact, TF32 off) and
 `--stride` takes the scene's sites at that tensor stride, the level after strided convs. Run
@@ -183,7 +184,7 @@ def parse_channels(text: str) -> list[tuple[int, int]]:
     return pairs
 
 
-def minkunet_breakdown(scene, peers: bool) -> None:
+def minkunet_breakdown(scene, peers: bool, backward: bool) -> None:
     from relconv.voxel import VoxelTensor
     from relconv.voxel.models import MinkUNet
 
@@ -196,6 +197,8 @@ def minkunet_breakdown(scene, peers: bool) -> None:
 
     print_breakdown("relconv MinkUNet1.0 fp16 infer", kernel_times(run), top=30)
     host_breakdown("relconv MinkUNet1.0 fp16 infer", run)
+    if backward:
+        _minkunet_training(model, lambda: VoxelTensor(feats, coords), "relconv")
     if peers:
         try:
             from benchmarks.peers import torchsparse as ts
@@ -211,6 +214,34 @@ def minkunet_breakdown(scene, peers: bool) -> None:
             print_breakdown("TorchSparse++ SparseResUNet42 fp16 infer", kernel_times(run_ts), top=30)
         except ImportError as err:
             print("torchsparse:", err)
+        if backward:
+            try:
+                from benchmarks.peers.minkunet import PeerMinkUNet, copy_weights
+                from benchmarks.peers.spconv_peer import SpconvBackend
+
+                be = SpconvBackend()
+                peer = PeerMinkUNet(be, 4, 19, 1.0).cuda()
+                copy_weights(model, peer)
+                batch = int(coords[:, 0].max()) + 1
+                _minkunet_training(peer, lambda: be.tensor(feats, coords, batch), "spconv")
+            except ImportError as err:
+                print("spconv:", err)
+
+
+def _minkunet_training(model, make_input, name: str) -> None:
+    """Kernel breakdown of one fp16 (autocast) training step of `model`: forward in train mode on
+    `make_input()` (a new tensor, so the maps are built in the step), then the backward of the
+    logits' sum."""
+    model.train()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.half):
+            logits = model(make_input())
+        logits.float().sum().backward()
+
+    print_breakdown(f"{name} MinkUNet1.0 fp16 training step", kernel_times(step), top=30)
+    model.eval()
 
 
 def main() -> None:
@@ -220,7 +251,9 @@ def main() -> None:
     p.add_argument("--peers", action="store_true")
     p.add_argument("--only", choices=("layer", "minkunet", "table"), default=None)
     p.add_argument("--fresh", action="store_true", help="also the layers with the map built in the call")
-    p.add_argument("--backward", action="store_true", help="also the cached layers' training step")
+    p.add_argument(
+        "--backward", action="store_true", help="also the cached layers' and MinkUNet's training step"
+    )
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="the layers' precision")
     p.add_argument("--stride", type=int, default=1, help="the layers over the sites at this tensor stride")
     args = p.parse_args()
@@ -241,7 +274,7 @@ def main() -> None:
             args.stride,
         )
     if args.only in (None, "minkunet"):
-        minkunet_breakdown(scene, args.peers)
+        minkunet_breakdown(scene, args.peers, args.backward)
 
 
 if __name__ == "__main__":
