@@ -93,6 +93,8 @@ def test_generative_unpooling_reaches_every_site_of_the_kernel():
         torch.testing.assert_close(f, parent[(site[0], *(v - v % 2 for v in site[1:]))])
     with pytest.raises(TypeError, match="VoxelTensor"):
         pool_transpose3d(x.feats, 2, 2)
+    with pytest.raises(ValueError, match="has not seen"):  # no strided layer made x: nowhere to unpool to
+        pool_transpose3d(x, 2, 2)
 
 
 def test_max_pool_module_and_gradient():
