@@ -241,6 +241,11 @@ class SparseConvTensor:
     def spatial_size(self) -> int:
         return int(np.prod(self.spatial_shape))
 
+    @property
+    def sparity(self) -> float:
+        """The fraction of grid cells holding a site (spconv's name, spelling kept)."""
+        return self.indices.shape[0] / self.spatial_size / self.batch_size
+
     def __repr__(self) -> str:
         return f"SparseConvTensor[shape={self._features.shape}]"
 

@@ -56,6 +56,7 @@ def test_tensor_arithmetic_and_helpers():
     torch.testing.assert_close((x + x.features).features, 2 * x.features)
     torch.testing.assert_close(x.minus().features, -x.features)
     assert x.spatial_size == 60 and x.find_indice_pair(None) is None and x.find_indice_pair("no") is None
+    assert x.sparity == x.indices.shape[0] / 60 / 2
     sel = x.select_by_index(torch.arange(5))
     assert sel.indices.shape[0] == 5 and sel.indice_dict == {}
     assert "SparseConvTensor" in repr(x)
