@@ -233,7 +233,7 @@ def _merged(timings: list[Timing]) -> dict:
     return {**row, "peak_mem_mib": max(peaks) if peaks else None}
 
 
-def _in_case(side: Side, name: str, phase: str, action):
+def in_case(side: Side, name: str, phase: str, action):
     """`action(fn, inputs, device)` on `side`'s case, in the case's mode and context."""
     fn, inputs, context = _case(side, name, phase)
     side.model.train(phase == "training")
@@ -268,7 +268,7 @@ def speed(sides: list[Side], dtypes: list[str], config: TimingConfig, out: Path)
                 if id(side) in failed:
                     continue
                 try:
-                    t, profile = _in_case(side, name, phase, timed(last[id(side)] == i))
+                    t, profile = in_case(side, name, phase, timed(last[id(side)] == i))
                 except Exception as err:  # one failing case must not hide the others' times
                     failed[id(side)] = f"{type(err).__name__}: {err}"
                     continue

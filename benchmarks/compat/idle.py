@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from benchmarks.compat import backbones as bb
 from benchmarks.compat import child, scenes
+from benchmarks.harness.timing import TimingConfig, latencies_ms, warm_up
 
 WARMUP_STEPS = 2
 
@@ -37,9 +37,27 @@ def _busy_and_gaps(
     return busy, gaps
 
 
-def main(argv=None) -> None:
+def _timed_then_profiled(fn, inputs, device, calls: int):
+    """The median synchronised latency of `fn` (the harness's warm-up and per-call timing), then a
+    profile of `calls` more calls after the schedule's warm-up steps."""
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+    config = TimingConfig()
+    start = warm_up(fn, inputs, device, config)
+    latency = statistics.median(latencies_ms(fn, inputs, device, config.runs, start=start))
+    steps = schedule(wait=0, warmup=WARMUP_STEPS, active=calls)
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=steps, acc_events=True
+    ) as prof:
+        for i in range(WARMUP_STEPS + calls):
+            with record_function(f"call {i}"):
+                fn(inputs[i % len(inputs)])
+            torch.cuda.synchronize(device)
+            prof.step()
+    return latency, prof
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("backbone", choices=sorted(bb.BACKBONES))
     p.add_argument("library", choices=("shim", "native", "real"))
@@ -51,36 +69,16 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.compat.idle needs a CUDA GPU")
     backbone = bb.BACKBONES[args.backbone]
-    side = child.Side(
-        backbone,
-        args.library,
-        bb.DEFAULT_DOWNSTREAM,
-        scenes.load(backbone.scene, tiny=False),
-        torch.device("cuda"),
+    voxels = scenes.load(backbone.scene, tiny=False)
+    side = child.Side(backbone, args.library, bb.DEFAULT_DOWNSTREAM, voxels, torch.device("cuda"))
+    latency, prof = child.in_case(
+        side,
+        args.dtype,
+        args.phase,
+        lambda fn, inputs, device: _timed_then_profiled(fn, inputs, device, args.calls),
     )
-    fn, inputs, context = child._case(side, args.dtype, args.phase)
-    side.model.train(args.phase == "training")
-    with context():
-        for i in range(10):
-            fn(inputs[i % 2])
-        torch.cuda.synchronize()
-        walls = []
-        for i in range(20):
-            t = time.perf_counter()
-            fn(inputs[i % 2])
-            torch.cuda.synchronize()
-            walls.append((time.perf_counter() - t) * 1e3)
-        steps = schedule(wait=0, warmup=WARMUP_STEPS, active=args.calls)
-        with profile(
-            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=steps, acc_events=True
-        ) as prof:
-            for i in range(WARMUP_STEPS + args.calls):
-                with record_function(f"call {i}"):
-                    fn(inputs[i % 2])
-                torch.cuda.synchronize()
-                prof.step()
     name = f"{args.backbone} {args.library} {args.phase} {args.dtype}"
-    print(f"{name}: synchronised call, median of 20: {statistics.median(walls):.2f} ms")
+    print(f"{name}: synchronised call, median of {TimingConfig.runs}: {latency:.2f} ms")
     events = prof.events()
     device = torch.autograd.DeviceType.CUDA
     gpu = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == device)
