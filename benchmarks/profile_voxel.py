@@ -222,8 +222,7 @@ def minkunet_breakdown(scene, peers: bool, backward: bool) -> None:
                 be = SpconvBackend()
                 peer = PeerMinkUNet(be, 4, 19, 1.0).cuda()
                 copy_weights(model, peer)
-                batch = int(coords[:, 0].max()) + 1
-                _minkunet_training(peer, lambda: be.tensor(feats, coords, batch), "spconv")
+                _minkunet_training(peer, lambda: be.tensor(feats, coords, scene.batch_size), "spconv")
             except ImportError as err:
                 print("spconv:", err)
 

@@ -17,11 +17,12 @@ import argparse
 
 import torch
 
+from benchmarks.harness.floor import DTYPES
+from benchmarks.harness.prepare import set_tf32
 from benchmarks.harness.timing import TimingConfig, measure
 from benchmarks.profile_voxel import kernel_times
 from benchmarks.workloads.voxels import at_stride, load_scene
 
-DTYPES = {"fp16": torch.half, "fp32": torch.float32}
 SCENES = (
     "scan-64beam,batch4-64beam,room-3cm,room-5cm,airborne-100m-25cm,object-128,object-256,"
     "aggregate-0.5m,aggregate-1m"
@@ -61,13 +62,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenes", default=SCENES)
     p.add_argument("--channels", default="32,64,128")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16")
     p.add_argument("--stride", type=int, default=1, help="the scenes' sites at this tensor stride")
     args = p.parse_args()
     if args.stride < 1:
         p.error(f"--stride must be at least 1, got {args.stride}")
     dtype = DTYPES[args.dtype]
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is exact fp32
+    set_tf32(False)  # fp32 is exact fp32
     rule = map_views.SORT_WORK
     print(
         torch.cuda.get_device_name(),
@@ -79,9 +80,7 @@ def main() -> None:
         for c in (int(v) for v in args.channels.split(",")):
             feats = torch.randn(len(coords), c, device="cuda", dtype=dtype)
             conv = Conv3d(c, c, 3).cuda().to(dtype).eval()
-            # The rule's work: exact fp32 counts EXACT_SORT_WEIGHT times (CUDA-core multiply-adds).
-            weight = map_views.EXACT_SORT_WEIGHT if args.dtype == "fp32" else 1.0
-            work = map_views.table_work(len(coords), conv.weight) * weight
+            work = map_views.table_work(len(coords), conv.weight) * map_views.sort_weight(dtype)
             unsorted, in_order = (fresh_layer_times(conv, feats, coords, t) for t in (float("inf"), 0.0))
             (gu, lu, qu), (gs, ls, qs) = unsorted, in_order
             picks = "sorted" if work >= rule else "unsorted"
