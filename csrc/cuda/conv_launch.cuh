@@ -366,8 +366,10 @@ at::Tensor launch_weight_grad(cuda::WeightGradArgs<T, Idx> a, const at::Tensor& 
   // what fits (resident_blocks). H200, kernel us of a training step (subm 3^3,
   // batch4-64beam / room-3cm / aggregate-1m): C16 fp16 240 / 399 / 1072 with 4 against 234 / 376 /
   // 1018; C32 fp32 621 / 1632 / 4237 against 529 / 1331 / 3395, C16 fp32 413 / 1051 / 2791 against
-  // 322 / 770 / 1977.
-  const int per_sm = (Cfg::BM == 16 || (kExact && Cfg::BM == 32)) ? 8 : 4;
+  // 322 / 770 / 1977. The exact 64 x 64 tile takes 5 (96 registers, no spill; 123 and 4 before):
+  // C64 fp32 443 / 1281 / 3345 against 397 / 1148 / 2971, and 306 / 447 / 1485 against 270 / 394 /
+  // 1304 at stride 2.
+  const int per_sm = (Cfg::BM == 16 || (kExact && Cfg::BM == 32)) ? 8 : (kExact && Cfg::BM == 64) ? 5 : 4;
   const int64_t target_blocks =
       kPipelined ? per_sm * int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} : 2048;
   if constexpr (kPipelined) {

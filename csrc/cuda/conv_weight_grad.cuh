@@ -298,9 +298,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * WK * 32)
 // reduction's beside the tile's), one block of 8 warps per SM, too few gathers in flight to hide
 // their latency (H100, subm 3^3 fp16, kernel us, 64-beam scan / four scans / room-3cm: C128 206 ->
 // 110 / 696 -> 345 / 1995 -> 967; TF32 C128 355 -> 197 / 1304 -> 697 / 3915 -> 2032). (The split
-// exact fp32 kernel would spill under that budget.)
+// exact fp32 kernel would spill under that budget.) The exact 64 x 64 tile gets five (96 registers,
+// no spill): its blocks wait on gathers too (launch_weight_grad states the gain).
 template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int WK, int kStages, bool kExact>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WK * 32, BM >= 128 ? 2 : 1)
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * WK * 32, BM >= 128 ? 2 : (kExact && BM == 64) ? 5 : 1)
     conv_weight_grad_mma_fused(const WeightGradArgs<T, Idx> a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ PairTile s_tile;
