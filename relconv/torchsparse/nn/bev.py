@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from relconv.torchsparse.tensor import SparseTensor
+from relconv.voxel.utils import small_constant
 
 __all__ = ["ToBEVHeightCompression", "ToDenseBEVConvolution"]
 
@@ -108,7 +109,7 @@ class ToBEVHeightCompression(nn.Module):
             raise ValueError(f"input has {feats.shape[1]} channels, the module {self.channels}")
         axes = [*self.bev_dims, self.dim]
         c = (coords - self.offset).t()[[0, *axes]].long()
-        step = torch.tensor([input.stride[i] for i in axes], device=c.device).unsqueeze(1)
+        step = small_constant([input.stride[i] for i in axes], c.device).unsqueeze(1)
         c[1:] = torch.div(c[1:], step, rounding_mode="trunc")
         height = int(self.shape[self.dim])
         c[3] = c[3].clamp(0, height - 1)
@@ -139,7 +140,7 @@ def _batch_size(c: Tensor, sizes: tuple[int, ...], name: str) -> int:
     outside the grid instead of an out-of-bounds index."""
     if c.shape[1] == 0:
         raise ValueError(f"{name}: the input has no voxels")
-    bounds = torch.tensor(sizes, device=c.device).unsqueeze(1)
+    bounds = small_constant(sizes, c.device).unsqueeze(1)
     outside = ((c[1:] < 0) | (c[1:] >= bounds)).any() | (c[0] < 0).any()
     batch_size, bad = torch.stack([c[0].max() + 1, outside.long()]).tolist()
     if bad:
