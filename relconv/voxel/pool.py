@@ -91,12 +91,8 @@ class PoolTranspose3d(nn.Module):
 
     def __init__(self, kernel_size, stride, dilation=1, generative: bool = False) -> None:
         super().__init__()
-        self.kernel_size, self.stride, self.dilation, self.generative = (
-            kernel_size,
-            stride,
-            dilation,
-            generative,
-        )
+        self.kernel_size, self.stride = kernel_size, stride
+        self.dilation, self.generative = dilation, generative
 
     def forward(self, x: VoxelTensor) -> VoxelTensor:
         return pool_transpose3d(x, self.kernel_size, self.stride, self.dilation, self.generative)
