@@ -120,7 +120,9 @@ constexpr TileShape tiles(Config c, int bytes) {
     case Config::kWeightGradExact16: return {16, 16, wide_k, 16, 16, 4, 4};
     case Config::kWeightGradExact32: return {32, 32, narrow_k, 16, 32, 4};
     case Config::kWeightGradExact64: return {64, 64, narrow_k, 32, 32, 4};
-    case Config::kWeightGradExact128: return {128, 128, narrow_k, 32, 64, 3};
+    // 8-row K steps in 4 stages keep the fused fp32 tile within 128 registers (36 B of spill
+    // against 412 B with 16-row steps): 3-8% less time at C128 on H200 (room-3cm stride 4: 466 -> 431 us).
+    case Config::kWeightGradExact128: return {128, 128, 32 / bytes, 32, 64, 4};
     case Config::kWeightGradSimt32: return {32, 32, 16, 2, 2, 1};
     case Config::kWeightGradSimt64: return {64, 64, 16, 4, 4, 1};
     default: return {0, 0, 0, 0, 0, 0};
