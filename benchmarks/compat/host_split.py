@@ -8,9 +8,11 @@ the twin's), not a benchmark: cProfile slows every Python frame, so read the dif
 the columns, not the totals.
 
     python -m benchmarks.compat.host_split BACKBONE PHASE DTYPE [--calls 20] [--top 12] [--tiny]
+                                           [--functions]
 
 PHASE is `inference` or `training`, DTYPE `fp32` or `fp16`; the call is `speed.py`'s. `--tiny`
-takes the small scans of `speed.py --dry-run` (CPU runs, smoke tests).
+takes the small scans of `speed.py --dry-run` (CPU runs, smoke tests). `--functions` splits by
+function (`relconv/voxel/conv.py:run_layer`) instead of by part of the code.
 """
 
 from __future__ import annotations
@@ -45,11 +47,25 @@ def part_of(filename: str, function: str) -> str:
     return "backbone and other code" if "downstream" in parts else "other Python"
 
 
-def split(stats: pstats.Stats, calls: int) -> Counter:
-    """Own (exclusive) host milliseconds per call of each part of the code."""
+def function_of(filename: str, function: str) -> str:
+    """A profiled function's name under its part of the code: `relconv/voxel/conv.py:run_layer`
+    (Python code from its package root on), the function itself for a built-in."""
+    path = Path(filename).as_posix()
+    if filename == "~" or path.startswith("<"):
+        return part_of(filename, function)
+    parts = path.split("/")
+    for root in ("relconv", "benchmarks", "torch"):
+        if root in parts:
+            i = len(parts) - 1 - parts[::-1].index(root)
+            return "/".join(parts[i:]) + ":" + function
+    return f"{parts[-1]}:{function}"
+
+
+def split(stats: pstats.Stats, calls: int, by=part_of) -> Counter:
+    """Own (exclusive) host milliseconds per call of each part of the code (or each key `by` gives)."""
     per_part: Counter = Counter()
     for (filename, _, function), (_, _, own, _, _) in stats.stats.items():
-        per_part[part_of(filename, function)] += own * 1e3 / calls
+        per_part[by(filename, function)] += own * 1e3 / calls
     return per_part
 
 
@@ -66,8 +82,8 @@ def _profiled_calls(profiler: cProfile.Profile, calls: int):
     return action
 
 
-def run(backbone: str, phase: str, dtype: str, calls: int, tiny: bool) -> dict[str, Counter]:
-    """Per-call host milliseconds by part of the code, for the shim and the native twin."""
+def run(backbone: str, phase: str, dtype: str, calls: int, tiny: bool, by=part_of) -> dict[str, Counter]:
+    """Per-call host milliseconds by part of the code (or `by`'s keys), for the shim and the twin."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec = bb.BACKBONES[backbone]
     voxels = scenes.load(spec.scene, tiny=tiny)
@@ -76,18 +92,19 @@ def run(backbone: str, phase: str, dtype: str, calls: int, tiny: bool) -> dict[s
     profilers = {name: cProfile.Profile() for name in SIDES}
     for name in SIDES + SIDES[::-1]:
         child.in_case(sides[name], dtype, phase, _profiled_calls(profilers[name], calls))
-    return {name: split(pstats.Stats(profilers[name]), 2 * calls) for name in SIDES}
+    return {name: split(pstats.Stats(profilers[name]), 2 * calls, by) for name in SIDES}
 
 
 def table(parts: dict[str, Counter], top: int) -> list[str]:
     """The parts whose shim and twin times differ most, then each side's total."""
     shim, native = parts["shim"], parts["native"]
     names = sorted(set(shim) | set(native), key=lambda k: (-abs(shim[k] - native[k]), k))
-    lines = [f"{'part of the code':<48} {'shim':>9} {'native':>9} {'diff':>9}  (host ms per call)"]
+    lines = [f"{'part of the code':<60} {'shim':>9} {'native':>9} {'diff':>9}  (host ms per call)"]
     for k in names[:top]:
-        lines.append(f"{k[:48]:<48} {shim[k]:9.3f} {native[k]:9.3f} {shim[k] - native[k]:+9.3f}")
+        # the end of a long name: a function's name, a built-in's op
+        lines.append(f"{k[-60:]:<60} {shim[k]:9.3f} {native[k]:9.3f} {shim[k] - native[k]:+9.3f}")
     total_s, total_n = sum(shim.values()), sum(native.values())
-    lines.append(f"{'all':<48} {total_s:9.3f} {total_n:9.3f} {total_s - total_n:+9.3f}")
+    lines.append(f"{'all':<60} {total_s:9.3f} {total_n:9.3f} {total_s - total_n:+9.3f}")
     return lines
 
 
@@ -99,8 +116,10 @@ def main(argv=None) -> None:
     p.add_argument("--calls", type=int, default=20, help="profiled calls per turn (two turns a side)")
     p.add_argument("--top", type=int, default=12, help="parts listed")
     p.add_argument("--tiny", action="store_true", help="the small scans of speed.py --dry-run")
+    p.add_argument("--functions", action="store_true", help="split by function, not by part of the code")
     args = p.parse_args(argv)
-    parts = run(args.backbone, args.phase, args.dtype, args.calls, args.tiny)
+    by = function_of if args.functions else part_of
+    parts = run(args.backbone, args.phase, args.dtype, args.calls, args.tiny, by)
     print(f"{args.backbone} {args.phase} {args.dtype}, {2 * args.calls} calls a side under cProfile")
     print("\n".join(table(parts, args.top)))
 

@@ -483,7 +483,7 @@ def test_idle_gaps_are_the_complement_of_the_union_of_gpu_intervals():
 def test_host_split_assigns_functions_to_parts_and_ranks_differences():
     from collections import Counter
 
-    from benchmarks.compat.host_split import part_of, table
+    from benchmarks.compat.host_split import function_of, part_of, table
 
     assert part_of("~", "<built-in method relconv._C.run>") == "<built-in method relconv._C.run>"
     assert part_of("/x/relconv/torchsparse/nn/functional/conv.py", "run_conv") == "relconv/torchsparse/nn"
@@ -493,6 +493,11 @@ def test_host_split_assigns_functions_to_parts_and_ranks_differences():
         "backbone and other code"
     )
     assert part_of("<string>", "<lambda>") == "python internals"
+    assert function_of("/x/relconv/voxel/conv.py", "run_layer") == "relconv/voxel/conv.py:run_layer"
+    assert function_of("/r/.peers/downstream/torchsparse/torchsparse/backbones/unet.py", "forward") == (
+        "unet.py:forward"
+    )
+    assert function_of("~", "<built-in method relconv._C.run>") == "<built-in method relconv._C.run>"
     lines = table({"shim": Counter(a=1.0, b=3.0), "native": Counter(a=1.5, c=0.5)}, top=2)
     assert [line.split()[0] for line in lines[1:]] == ["b", "a", "all"]
     assert lines[-1].split()[1:] == ["4.000", "2.000", "+2.000"]
