@@ -32,19 +32,28 @@ from benchmarks.harness.timing import TimingConfig, warm_up
 SIDES = ("shim", "native")
 
 
+_ROOTS = ("relconv", "benchmarks", "torch")
+
+
+def _package_path(path: str) -> list[str] | None:
+    """A Python file's path from its last package root (`relconv`, `benchmarks`, `torch`) on."""
+    parts = path.split("/")
+    for root in _ROOTS:
+        if root in parts:
+            return parts[len(parts) - 1 - parts[::-1].index(root) :]
+    return None
+
+
 def part_of(filename: str, function: str) -> str:
     """The part of the code a profiled function belongs to: a package area for Python code, the
     function itself for a built-in (an op or a C call)."""
     path = Path(filename).as_posix()
     if filename == "~" or path.startswith("<"):
         return function if filename == "~" else "python internals"
-    parts = path.split("/")
-    for root in ("relconv", "benchmarks", "torch"):
-        if root in parts:
-            i = len(parts) - 1 - parts[::-1].index(root)
-            inner = parts[i + 1 : i + 3] if root == "relconv" else parts[i + 1 : i + 2]
-            return "/".join([root, *inner]).removesuffix(".py")
-    return "backbone and other code" if "downstream" in parts else "other Python"
+    inner = _package_path(path)
+    if inner is None:
+        return "backbone and other code" if "downstream" in path.split("/") else "other Python"
+    return "/".join(inner[:3] if inner[0] == "relconv" else inner[:2]).removesuffix(".py")
 
 
 def function_of(filename: str, function: str) -> str:
@@ -53,12 +62,8 @@ def function_of(filename: str, function: str) -> str:
     path = Path(filename).as_posix()
     if filename == "~" or path.startswith("<"):
         return part_of(filename, function)
-    parts = path.split("/")
-    for root in ("relconv", "benchmarks", "torch"):
-        if root in parts:
-            i = len(parts) - 1 - parts[::-1].index(root)
-            return "/".join(parts[i:]) + ":" + function
-    return f"{parts[-1]}:{function}"
+    inner = _package_path(path)
+    return ("/".join(inner) if inner else path.split("/")[-1]) + ":" + function
 
 
 def split(stats: pstats.Stats, calls: int, by=part_of) -> Counter:
