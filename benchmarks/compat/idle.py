@@ -37,6 +37,18 @@ def _busy_and_gaps(
     return busy, gaps
 
 
+def _gpu_intervals(events) -> list[tuple[float, float]]:
+    """Sorted (start, end) of the kernels, memcpys and memsets among profiler `events`. A
+    `record_function` range also appears on the device, as an annotation spanning its first to last
+    GPU work; counting it as work would fill every gap it covers."""
+    device = torch.autograd.DeviceType.CUDA
+    return sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == device and not e.is_user_annotation
+    )
+
+
 def _timed_then_profiled(fn, inputs, device, calls: int):
     """The median synchronised latency of `fn` (the harness's warm-up and per-call timing), then a
     profile of `calls` more calls after the schedule's warm-up steps."""
@@ -80,9 +92,8 @@ def main(argv=None) -> None:
     name = f"{args.backbone} {args.library} {args.phase} {args.dtype}"
     print(f"{name}: synchronised call, median of {TimingConfig.runs}: {latency:.2f} ms")
     events = prof.events()
-    device = torch.autograd.DeviceType.CUDA
-    gpu = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == device)
-    host = [e for e in events if e.device_type != device]
+    gpu = _gpu_intervals(events)
+    host = [e for e in events if e.device_type != torch.autograd.DeviceType.CUDA]
     calls = sorted((e for e in host if e.name.startswith("call ")), key=lambda e: e.time_range.start)
     for k, call in enumerate(calls):
         t0 = call.time_range.start

@@ -480,6 +480,27 @@ def test_idle_gaps_are_the_complement_of_the_union_of_gpu_intervals():
     assert _busy_and_gaps([], 1.0) == (0.0, [])
 
 
+def test_idle_counts_device_work_but_not_the_annotation_of_a_record_function_range():
+    from types import SimpleNamespace
+
+    import torch
+
+    from benchmarks.compat.idle import _gpu_intervals
+
+    def event(start, end, device, annotation=False):
+        kind = torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU
+        span = SimpleNamespace(start=start, end=end)
+        return SimpleNamespace(time_range=span, device_type=kind, is_user_annotation=annotation)
+
+    events = [
+        event(0.0, 10.0, device=True, annotation=True),  # "call 0" on the device: spans the call
+        event(6.0, 7.0, device=True),
+        event(2.0, 3.0, device=True),
+        event(1.0, 9.0, device=False),
+    ]
+    assert _gpu_intervals(events) == [(2.0, 3.0), (6.0, 7.0)]
+
+
 def test_host_split_assigns_functions_to_parts_and_ranks_differences():
     from collections import Counter
 
