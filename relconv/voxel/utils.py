@@ -3,6 +3,7 @@ and the shims."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -45,8 +46,25 @@ def registered(module: nn.Module, name: str):
 
 
 def small_constant(values: Sequence[int], device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
-    """A small integer constant on `device`. A CUDA copy goes from pinned memory, asynchronously: a
-    copy from pageable memory waits for the GPU."""
+    """A small integer constant on `device`, for reading only. A CUDA one is made once per
+    (values, device, dtype, stream) and reused: making one takes a pinned host block, its event and an
+    asynchronous copy (a copy from pageable memory would wait for the GPU), 60-90 us of host time on
+    an H200 host, and a strided conv of the compatibility layers reads several per call. Keyed by the
+    current stream, a constant is read only behind its own copy. While a CUDA graph is captured a
+    constant is made afresh: a captured copy fills it only when the graph replays."""
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        return _to_cuda(values, device, dtype)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _kept_constant(tuple(values), device, dtype, torch.cuda.current_stream(device).cuda_stream)
+
+
+def _to_cuda(values: Sequence[int], device: torch.device, dtype: torch.dtype) -> Tensor:
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_constant(values: tuple, device: torch.device, dtype: torch.dtype, stream: int) -> Tensor:
+    return _to_cuda(values, device, dtype)

@@ -25,6 +25,7 @@ kernel as it is (`relabels`).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 import weakref
@@ -345,7 +346,13 @@ def _subm_range(spatial_range: tuple | None, k: Triple, padding: Triple) -> tupl
     return _next_range(spatial_range, k, (1, 1, 1), padding)
 
 
-def _next_range(spatial_range: tuple, k: Triple, s: Triple, padding: Triple) -> tuple:
+def _next_range(spatial_range: Sequence[int], k: Triple, s: Triple, padding: Triple) -> tuple:
+    return _range_after(tuple(spatial_range), k, s, padding)
+
+
+# Every conv call asks for its output range; a network's are few and repeat.
+@functools.lru_cache(maxsize=1024)
+def _range_after(spatial_range: tuple, k: Triple, s: Triple, padding: Triple) -> tuple:
     if len(spatial_range) != 4:
         raise ValueError(f"spatial_range must be (batch, X, Y, Z) for a conv, got {spatial_range}")
     grid = tuple((spatial_range[i + 1] + 2 * padding[i] - (k[i] - 1) - 1) // s[i] + 1 for i in range(3))
