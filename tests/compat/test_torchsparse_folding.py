@@ -96,6 +96,26 @@ def test_deferred_conv_runs_without_autograd_when_used_with_it_on():
     assert not out.F.requires_grad  # used outside no_grad, computed as it was called
 
 
+def test_deferred_conv_runs_in_the_autocast_state_of_its_call():
+    block, x = _block().float(), _scene()
+    x = ts.SparseTensor(x.F.float(), x.C)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with inference_folding(False):
+                want_cast = block(x).F
+            cast = block(x)  # called under autocast, read after it
+        with inference_folding(False):
+            want_plain = block(x).F
+        plain = block(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            plain_feats = plain.F  # called without autocast, read under it
+        cast_feats = cast.F
+    assert want_cast.dtype == cast_feats.dtype == torch.bfloat16
+    assert want_plain.dtype == plain_feats.dtype == torch.float32
+    torch.testing.assert_close(cast_feats, want_cast, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(plain_feats, want_plain, rtol=1e-6, atol=1e-6)
+
+
 def test_copies_and_pickles_of_a_pending_output_hold_the_conv_result():
     block, x = _block(), _scene()
     with torch.no_grad():

@@ -174,7 +174,9 @@ class Runs:
         lows = torchsparse_lows(k, (1, 1, 1), padding, hashmap)
         relabelled = relabels(kernel)
         calls = self.layers.get((lows, relabelled))
-        if calls is None:
+        # A network over new coordinates has no plan for them: the full path runs without the
+        # weight lookup and the checks of a stored call.
+        if calls is None or calls.get((id(base.cache), activation)) is None:
             return None
         weight = kernel if relabelled else self.weight(kernel, lows, relconv_geometry(k, lows))
         feats = calls.run_features(x.feats, base.cache, base.stride, weight, bias, activation)

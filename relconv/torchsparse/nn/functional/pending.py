@@ -35,7 +35,7 @@ class _Call(NamedTuple):
     version: int  # of the input's features when the conv was called
     norm: nn.BatchNorm1d | None
     relu: bool
-    autocast: tuple[str, bool, torch.dtype]  # (device type, enabled, dtype) at the call
+    autocast: tuple[str, torch.dtype | None]  # (device type, autocast dtype or None where off) at the call
 
 
 class PendingConv(SparseTensor):
@@ -44,8 +44,8 @@ class PendingConv(SparseTensor):
     def __init__(self, conv: nn.Module, input: SparseTensor) -> None:
         # A plain SparseTensor's state appears in __dict__ only when the conv runs (`_run`).
         feats = input.feats
-        device = feats.device.type
-        autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        device = "cuda" if feats.is_cuda else feats.device.type
+        autocast = (device, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None)
         object.__setattr__(self, "_pending", _Call(conv, input, feats._version, None, False, autocast))
 
     @property
@@ -108,20 +108,16 @@ class PendingConv(SparseTensor):
                 "ran; modify a copy instead, or run without inference folding "
                 "(relconv.voxel.inference_folding(False))"
             )
-        device, enabled, dtype = call.autocast
-        if torch.is_grad_enabled() or _autocast(device) != (enabled, dtype if enabled else None):
+        device, dtype = call.autocast
+        now = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        if torch.is_grad_enabled() or now != dtype:
             # Used elsewhere than called: the conv runs as it would have at its call.
-            with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+            with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=dtype is not None):
                 out = _conv(call)
         else:
             out = _conv(call)
         del self.__dict__["_pending"]
         self.__dict__.update(out.__dict__)
-
-
-def _autocast(device: str) -> tuple[bool, torch.dtype | None]:
-    enabled = torch.is_autocast_enabled(device)
-    return enabled, torch.get_autocast_dtype(device) if enabled else None
 
 
 def _conv(call: _Call) -> SparseTensor:
