@@ -77,6 +77,7 @@ def test_pending_output_behaves_as_a_sparse_tensor():
         out = block(x)
         assert isinstance(out, PendingConv) and isinstance(out, ts.SparseTensor)
         assert out.s == want.s and torch.equal(out.C, want.C)
+        assert type(out) is ts.SparseTensor  # run on first use, then a plain tensor
         torch.testing.assert_close(out.F, want.F, rtol=1e-12, atol=1e-12)
         assert (out + want).F.shape == want.F.shape
 

@@ -18,6 +18,7 @@ its conv first.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -27,8 +28,6 @@ from relconv.torchsparse.tensor import SparseTensor
 from relconv.voxel.fold import FoldCache
 
 
-# Folds build a new _Call field by field: namedtuple's `_replace` costs two more Python frames and
-# a keyword dict, on the host path of every conv-BatchNorm-ReLU block.
 class _Call(NamedTuple):
     conv: nn.Module
     input: SparseTensor
@@ -36,6 +35,11 @@ class _Call(NamedTuple):
     norm: nn.BatchNorm1d | None
     relu: bool
     autocast: tuple[str, torch.dtype | None]  # (device type, autocast dtype or None where off) at the call
+
+
+# Every conv-BatchNorm-ReLU block builds three: from a tuple of all fields, with no Python frame
+# (the class call runs namedtuple's generated `__new__`; `_replace` two frames and a keyword dict).
+_new_call = functools.partial(tuple.__new__, _Call)
 
 
 class PendingConv(SparseTensor):
@@ -46,7 +50,7 @@ class PendingConv(SparseTensor):
         feats = input.feats
         device = "cuda" if feats.is_cuda else feats.device.type
         autocast = (device, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None)
-        object.__setattr__(self, "_pending", _Call(conv, input, feats._version, None, False, autocast))
+        object.__setattr__(self, "_pending", _new_call((conv, input, feats._version, None, False, autocast)))
 
     @property
     def feats(self):
@@ -76,11 +80,12 @@ class PendingConv(SparseTensor):
             self._run()
         object.__setattr__(self, name, value)
 
-    def __getstate__(self) -> dict:
-        # A copy or a pickle is of the conv's result: the conv runs first.
+    def __reduce_ex__(self, protocol):
+        # A copy or a pickle is of the conv's result: the conv runs first (and the tensor becomes a
+        # plain SparseTensor, which is what is copied).
         if "_pending" in self.__dict__:
             self._run()
-        return self.__dict__
+        return object.__reduce_ex__(self, protocol)
 
     def with_norm(self, norm: nn.BatchNorm1d) -> PendingConv | None:
         """This conv with `norm` folded in, or None where it cannot fold: the conv has run, `norm`
@@ -91,14 +96,14 @@ class PendingConv(SparseTensor):
             return None
         if norm.training or norm._buffers.get("running_mean") is None:  # the registry: no Module.__getattr__
             return None
-        return _pending(_Call(call.conv, call.input, call.version, norm, False, call.autocast))
+        return _pending(_new_call((call.conv, call.input, call.version, norm, False, call.autocast)))
 
     def with_relu(self) -> PendingConv | None:
         """This conv with a ReLU epilogue, or None where it has run, has one or autograd records."""
         call = self.__dict__.get("_pending")
         if call is None or call.relu or torch.is_grad_enabled():
             return None
-        return _pending(_Call(call.conv, call.input, call.version, call.norm, True, call.autocast))
+        return _pending(_new_call((call.conv, call.input, call.version, call.norm, True, call.autocast)))
 
     def _run(self) -> None:
         call = self.__dict__["_pending"]
@@ -116,8 +121,11 @@ class PendingConv(SparseTensor):
                 out = _conv(call)
         else:
             out = _conv(call)
-        del self.__dict__["_pending"]
-        self.__dict__.update(out.__dict__)
+        state = self.__dict__
+        del state["_pending"]
+        state.update(out.__dict__)
+        # Run, it is a plain SparseTensor: later reads of its features skip the property.
+        object.__setattr__(self, "__class__", SparseTensor)
 
 
 def _conv(call: _Call) -> SparseTensor:
