@@ -522,3 +522,35 @@ def test_host_split_assigns_functions_to_parts_and_ranks_differences():
     lines = table({"shim": Counter(a=1.0, b=3.0), "native": Counter(a=1.5, c=0.5)}, top=2)
     assert [line.split()[0] for line in lines[1:]] == ["b", "a", "all"]
     assert lines[-1].split()[1:] == ["4.000", "2.000", "+2.000"]
+
+
+def test_host_split_sampler_gives_each_function_the_wall_time_it_is_on_the_stack():
+    import time
+
+    from benchmarks.compat.host_split import Sampler
+
+    def busy(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    def long_part():
+        busy(0.012)
+
+    def short_part():
+        busy(0.003)
+
+    def call():
+        long_part()
+        short_part()
+
+    sampler = Sampler(200, by=lambda filename, function: function)
+    for _ in range(4):
+        sampler.enable()
+        call()
+        sampler.disable()
+    ms = sampler.split(4)
+    assert sampler.samples > 100
+    assert ms["call"] == pytest.approx(15.0, rel=0.25)
+    assert ms["long_part"] > 2 * ms["short_part"] > 0
+    assert ms["call"] >= ms["long_part"] + ms["short_part"] - 1e-9
