@@ -430,7 +430,11 @@ class RelationalMap:
     def relabeled(self, order: Sequence[int]) -> RelationalMap:
         """The map whose relation j is this map's relation `order[j]`: a conv over it with weight W
         equals the conv over this map with W's rows in this map's order (relconv.ops.map_views)."""
-        return _view("relabeled")(self, tuple(int(r) for r in order))
+        # A front end passes a tuple of ints in every training call, checked here without a
+        # Python frame per relation; anything else is normalised (the views are cached by the order).
+        if type(order) is not tuple or set(map(type, order)) - {int}:
+            order = tuple(int(r) for r in order)
+        return _view("relabeled")(self, order)
 
     def transposed_neighbor_table(self) -> Tensor:
         """Neighbour table of the transposed map `[num_in, R]`: the output row each input feeds in
