@@ -4,10 +4,14 @@ union of its kernels, memcpys and memsets), its idle gaps and the host ops runni
 next to the median synchronised time of the same call without the profiler. A profiling aid (is a
 call GPU-bound or host-bound, and where does the host make the GPU wait), not a benchmark.
 
-    python -m benchmarks.compat.idle BACKBONE LIBRARY PHASE DTYPE [--calls 4] [--gaps 6]
+    python -m benchmarks.compat.idle BACKBONE LIBRARY PHASE DTYPE [--calls 4] [--gaps 6] [--top 8]
+                                     [--stack]
 
 LIBRARY is `shim`, `native` or `real` (the real library after `source benchmarks/peers/activate.sh`),
-PHASE `inference` or `training`, DTYPE `fp32` or `fp16`; the call is `speed.py`'s.
+PHASE `inference` or `training`, DTYPE `fp32` or `fp16`; the call is `speed.py`'s. Each call's idle
+time is also summed by what the host was running in the middle of each gap (the innermost host
+event there); `--stack` records Python frames too (`with_stack`, which slows the host further), so
+that the innermost event is a function of the code that kept the GPU waiting.
 """
 
 from __future__ import annotations
@@ -49,7 +53,31 @@ def _gpu_intervals(events) -> list[tuple[float, float]]:
     )
 
 
-def _timed_then_profiled(fn, inputs, device, calls: int):
+def _innermost(host: list, t: float, skip) -> str:
+    """The name of the shortest host event running at time `t` (other than `skip`), or "-"."""
+    best, length = "-", float("inf")
+    for e in host:
+        r = e.time_range
+        if (
+            r.start <= t <= r.end
+            and e is not skip
+            and r.end - r.start < length
+            and not e.name.startswith("ProfilerStep")
+        ):
+            best, length = e.name, r.end - r.start
+    return _short(best)
+
+
+def _short(name: str) -> str:
+    """A profiler event name with a Python frame's path cut to its package (`relconv/...`)."""
+    for root in ("relconv/", "benchmarks/", "torch/", "site-packages/"):
+        i = name.find(root)
+        if i >= 0:
+            return name[i:].removeprefix("site-packages/")
+    return name
+
+
+def _timed_then_profiled(fn, inputs, device, calls: int, stack: bool = False):
     """The median synchronised latency of `fn` (the harness's warm-up and per-call timing), then a
     profile of `calls` more calls after the schedule's warm-up steps."""
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -59,7 +87,10 @@ def _timed_then_profiled(fn, inputs, device, calls: int):
     latency = statistics.median(latencies_ms(fn, inputs, device, config.runs, start=start))
     steps = schedule(wait=0, warmup=WARMUP_STEPS, active=calls)
     with profile(
-        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=steps, acc_events=True
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+        schedule=steps,
+        acc_events=True,
+        with_stack=stack,
     ) as prof:
         for i in range(WARMUP_STEPS + calls):
             with record_function(f"call {i}"):
@@ -77,6 +108,8 @@ def main(argv=None) -> None:
     p.add_argument("dtype", choices=("fp32", "fp16"))
     p.add_argument("--calls", type=int, default=4, help="profiled calls")
     p.add_argument("--gaps", type=int, default=6, help="largest gaps listed per call")
+    p.add_argument("--top", type=int, default=8, help="host events listed in each call's idle summary")
+    p.add_argument("--stack", action="store_true", help="record Python frames (with_stack)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.compat.idle needs a CUDA GPU")
@@ -87,7 +120,7 @@ def main(argv=None) -> None:
         side,
         args.dtype,
         args.phase,
-        lambda fn, inputs, device: _timed_then_profiled(fn, inputs, device, args.calls),
+        lambda fn, inputs, device: _timed_then_profiled(fn, inputs, device, args.calls, args.stack),
     )
     name = f"{args.backbone} {args.library} {args.phase} {args.dtype}"
     print(f"{name}: synchronised call, median of {TimingConfig.runs}: {latency:.2f} ms")
@@ -96,19 +129,33 @@ def main(argv=None) -> None:
     host = [e for e in events if e.device_type != torch.autograd.DeviceType.CUDA]
     calls = sorted((e for e in host if e.name.startswith("call ")), key=lambda e: e.time_range.start)
     for k, call in enumerate(calls):
-        t0 = call.time_range.start
         t1 = calls[k + 1].time_range.start if k + 1 < len(calls) else float("inf")
-        mine = [g for g in gpu if t0 <= g[0] < t1]
-        busy, gaps = _busy_and_gaps(mine, t0)
-        end = max([e for _, e in mine] + [call.time_range.end])
-        print(
-            f"  {call.name}: {(end - t0) / 1e3:.2f} ms to its last GPU work, GPU busy {busy / 1e3:.2f} ms,"
-            f" idle {sum(b - a for a, b in gaps) / 1e3:.2f} ms in {len(gaps)} gaps"
-        )
-        for a, b in sorted(gaps, key=lambda g: g[0] - g[1])[: args.gaps]:
-            mid = (a + b) / 2
-            ops = {e.name for e in host if e.time_range.start <= mid <= e.time_range.end and e is not call}
-            print(f"    at {(a - t0) / 1e3:6.2f} ms idle {(b - a) / 1e3:.3f} ms  {sorted(ops, key=len)[:5]}")
+        print("\n".join(call_report(call, t1, gpu, host, args.gaps, args.top)))
+
+
+def call_report(call, t1: float, gpu: list, host: list, largest: int, top: int) -> list[str]:
+    """Lines on one profiled `call` (its host range event; the next call starts at `t1`): its GPU
+    busy and idle time, its `largest` gaps and what the host ran in each, and its idle time summed
+    by that host event (the `top` largest)."""
+    t0 = call.time_range.start
+    mine = [g for g in gpu if t0 <= g[0] < t1]
+    busy, gaps = _busy_and_gaps(mine, t0)
+    end = max([e for _, e in mine] + [call.time_range.end])
+    lines = [
+        f"  {call.name}: {(end - t0) / 1e3:.2f} ms to its last GPU work, GPU busy {busy / 1e3:.2f} ms,"
+        f" idle {sum(b - a for a, b in gaps) / 1e3:.2f} ms in {len(gaps)} gaps"
+    ]
+    mine_host = [e for e in host if e.time_range.end >= t0 and e.time_range.start < end]
+    named = [(a, b, _innermost(mine_host, (a + b) / 2, call)) for a, b in gaps]
+    for a, b, name in sorted(named, key=lambda g: g[0] - g[1])[:largest]:
+        lines.append(f"    at {(a - t0) / 1e3:6.2f} ms idle {(b - a) / 1e3:.3f} ms  host in {name}")
+    by_host: dict[str, float] = {}
+    for a, b, name in named:
+        by_host[name] = by_host.get(name, 0.0) + (b - a)
+    lines.append("    idle ms by what the host ran mid-gap:")
+    for name, us in sorted(by_host.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"      {us / 1e3:7.3f}  {name}")
+    return lines
 
 
 if __name__ == "__main__":

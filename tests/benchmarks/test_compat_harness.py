@@ -501,6 +501,48 @@ def test_idle_counts_device_work_but_not_the_annotation_of_a_record_function_ran
     assert _gpu_intervals(events) == [(2.0, 3.0), (6.0, 7.0)]
 
 
+def test_idle_names_the_innermost_host_event_of_a_gap():
+    from types import SimpleNamespace
+
+    from benchmarks.compat.idle import _innermost
+
+    def event(name, start, end):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
+
+    call = event("call 0", 0.0, 100.0)
+    host = [
+        call,
+        event("ProfilerStep#3", 0.0, 100.0),
+        event("/x/site-packages/torch/nn/modules/module.py(1775): _wrapped_call_impl", 5.0, 60.0),
+        event("/work/repo/relconv/voxel/conv.py(123): run_layer", 10.0, 40.0),
+        event("aten::empty", 30.0, 31.0),
+    ]
+    assert _innermost(host, 20.0, call) == "relconv/voxel/conv.py(123): run_layer"
+    assert _innermost(host, 30.5, call) == "aten::empty"
+    assert _innermost(host, 50.0, call) == "torch/nn/modules/module.py(1775): _wrapped_call_impl"
+    assert _innermost(host, 80.0, call) == "-"
+
+
+def test_idle_report_sums_each_calls_idle_time_by_the_host_event_in_its_gaps():
+    from types import SimpleNamespace
+
+    from benchmarks.compat.idle import call_report
+
+    def event(name, start, end):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
+
+    call = event("call 2", 1000.0, 5000.0)
+    host = [call, event("aten::copy_", 1000.0, 1500.0), event("relconv::grid_conv_map", 2500.0, 3200.0)]
+    gpu = [(1500.0, 2600.0), (3100.0, 4000.0), (4200.0, 5000.0), (6000.0, 7000.0)]  # the last: next call
+    lines = call_report(call, 6000.0, gpu, host, largest=2, top=3)
+    assert lines[0] == "  call 2: 4.00 ms to its last GPU work, GPU busy 2.80 ms, idle 1.20 ms in 3 gaps"
+    assert lines[1] == "    at   0.00 ms idle 0.500 ms  host in aten::copy_"
+    assert lines[2] == "    at   1.60 ms idle 0.500 ms  host in relconv::grid_conv_map"
+    assert lines[3] == "    idle ms by what the host ran mid-gap:"
+    totals = ["        0.500  aten::copy_", "        0.500  relconv::grid_conv_map", "        0.200  -"]
+    assert lines[4:] == totals
+
+
 def test_host_split_assigns_functions_to_parts_and_ranks_differences():
     from collections import Counter
 
