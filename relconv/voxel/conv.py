@@ -256,10 +256,12 @@ class PreparedCalls(dict):
         wrapped in a VoxelTensor (the compatibility layers' own tensors): the stored call checks
         their shape, dtype and device against those it was prepared for, and steps aside (None)
         where they differ."""
-        if not direct_ok((feats, weight, bias)):
-            return None
+        # The plan first: over new coordinates (every layer of a forward over a new scan) there is
+        # none, and the lookup is all the miss costs.
         plan = self.get((id(cache), activation))
         if plan is None or plan.run is None or plan.cache() is not cache or plan.in_stride != stride:
+            return None
+        if not direct_ok((feats, weight, bias)):
             return None
         return plan.run(feats, weight, bias)
 

@@ -43,7 +43,7 @@ from relconv.torchsparse.nn.functional.conv_config import map_modes
 from relconv.torchsparse.nn.functional.pending import PendingConv
 from relconv.torchsparse.tensor import SparseTensor, TensorCache, get_allow_negative_coordinates, make_ntuple
 from relconv.voxel import MapCache, PreparedCalls, VoxelTensor
-from relconv.voxel.conv import run_checked, run_layer
+from relconv.voxel.conv import run_checked
 from relconv.voxel.grid_map import build_map
 from relconv.voxel.kernel_map import bounds
 from relconv.voxel.nn import inference_folding_enabled
@@ -230,12 +230,10 @@ def run_conv(
         if out.stride not in x._caches.cmaps:
             x._caches.cmaps[out.stride] = (out.coords, out.spatial_range)
         return out
-    looked = False  # whether the stored call for x's sites was looked for (and is not there)
     if s == (1, 1, 1) and not transposed and runs is not None:
         out = runs.submanifold(x, weight, bias, k, padding, modes[0], activation)
         if out is not None:
             return out
-        looked = x._base is not None
     vt = x._voxel()
     caches = x._caches  # after _voxel, which may give new coordinates a cache of their own
     hint = None
@@ -265,11 +263,7 @@ def run_conv(
     calls = None if runs is None else runs.calls(lows, order is not None)
     if order is None:
         weight = _converted(weight, lows, geometry, runs)
-    if looked:
-        k3, one = geometry.size, (1, 1, 1)
-        out = run_layer(vt, weight, k3, s, one, 1, bias, transposed, False, None, activation, calls, order)
-    else:
-        out = run_checked(vt, weight, geometry.size, s, (1, 1, 1), bias, activation, calls, transposed, order)
+    out = run_checked(vt, weight, geometry.size, s, (1, 1, 1), bias, activation, calls, transposed, order)
     return _wrap(out, out_ts, out_range, caches, hint)
 
 
