@@ -43,7 +43,7 @@ SIDES = ("shim", "native")
 _ROOTS = ("relconv", "benchmarks", "torch")
 
 
-def _package_path(path: str) -> list[str] | None:
+def package_path(path: str) -> list[str] | None:
     """A Python file's path from its last package root (`relconv`, `benchmarks`, `torch`) on."""
     parts = path.split("/")
     for root in _ROOTS:
@@ -58,7 +58,7 @@ def part_of(filename: str, function: str) -> str:
     path = Path(filename).as_posix()
     if filename == "~" or path.startswith("<"):
         return function if filename == "~" else "python internals"
-    inner = _package_path(path)
+    inner = package_path(path)
     if inner is None:
         return "backbone and other code" if "downstream" in path.split("/") else "other Python"
     return "/".join(inner[:3] if inner[0] == "relconv" else inner[:2]).removesuffix(".py")
@@ -70,7 +70,7 @@ def function_of(filename: str, function: str) -> str:
     path = Path(filename).as_posix()
     if filename == "~" or path.startswith("<"):
         return part_of(filename, function)
-    inner = _package_path(path)
+    inner = package_path(path)
     return ("/".join(inner) if inner else path.split("/")[-1]) + ":" + function
 
 

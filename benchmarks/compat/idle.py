@@ -23,6 +23,7 @@ import torch
 
 from benchmarks.compat import backbones as bb
 from benchmarks.compat import child, scenes
+from benchmarks.compat.host_split import package_path
 from benchmarks.harness.timing import TimingConfig, latencies_ms, warm_up
 
 WARMUP_STEPS = 2
@@ -69,12 +70,11 @@ def _innermost(host: list, t: float, skip) -> str:
 
 
 def _short(name: str) -> str:
-    """A profiler event name with a Python frame's path cut to its package (`relconv/...`)."""
-    for root in ("relconv/", "benchmarks/", "torch/", "site-packages/"):
-        i = name.find(root)
-        if i >= 0:
-            return name[i:].removeprefix("site-packages/")
-    return name
+    """A profiler event name with a Python frame's path (`/.../relconv/voxel/conv.py(123): f`) cut
+    to its package, as host_split names functions."""
+    path, paren, rest = name.partition("(")
+    inner = package_path(path) if paren else None
+    return "/".join(inner) + paren + rest if inner else name
 
 
 def _timed_then_profiled(fn, inputs, device, calls: int, stack: bool = False):
