@@ -35,9 +35,8 @@ using Opt = std::optional<at::Tensor>;
 // Channels per tile: each tile's last block finalises its channels, so narrower tiles spread that
 // serial tail over more blocks; 64 channels keep a tile's row segment at 128-512 contiguous bytes.
 constexpr int64_t kTileChannels = 64;
-// Reduction kernels: blocks per SM over all tiles (the more blocks, the more partials the last block
-// of a tile sums) and the fewest row steps a thread takes before another block is worth it.
-constexpr int64_t kReduceBlocksPerSm = 2;
+// Reduction kernels: the fewest row steps a thread takes before another block is worth it. They
+// launch at most as many blocks as fit the SMs at once (one wave; the grid is their occupancy).
 constexpr int64_t kMinStepsPerThread = 4;
 // Element-wise kernels: enough resident blocks to cover the SMs' thread slots.
 constexpr int64_t kApplyBlocksPerSm = 8;
@@ -85,11 +84,20 @@ const U* cptr(const at::Tensor& t) {
 struct Launch {
   BnShape shape;
   int tiles;
-  int reduce_blocks;
+  int reduce_blocks;  // per tile
+  int groups;         // of reduce blocks, per tile
   int apply_blocks;
 };
 
-Launch plan(int64_t rows, int64_t channels, int vec) {
+// Blocks of `kernel` (kBnThreads threads) that fit one SM at once, per instantiation.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel) {
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBnThreads, 0));
+  return std::max(blocks, 1);
+}
+
+Launch plan(int64_t rows, int64_t channels, int vec, int64_t reduce_per_sm) {
   RELCONV_CHECK(channels <= std::numeric_limits<int32_t>::max() / 2, "relconv batch_norm_act: too many channels (",
               channels, ")");
   const int64_t groups = channels / vec;
@@ -101,17 +109,21 @@ Launch plan(int64_t rows, int64_t channels, int vec) {
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t steps = (rows + rows_per_iter - 1) / rows_per_iter;
 
-  const int64_t reduce_cap = std::max<int64_t>(1, kReduceBlocksPerSm * sms / tiles);
+  const int64_t reduce_cap = std::max<int64_t>(1, reduce_per_sm * sms / tiles);
   int64_t reduce_blocks = std::clamp<int64_t>((steps + kMinStepsPerThread - 1) / kMinStepsPerThread, 1, reduce_cap);
   const int64_t chunk_steps = (steps + reduce_blocks - 1) / reduce_blocks;
   const int64_t rows_per_block = chunk_steps * rows_per_iter;
   reduce_blocks = (rows + rows_per_block - 1) / rows_per_block;  // no block without rows
 
+  // Two summing levels of about sqrt(blocks) partials each (batch_norm.cuh).
+  int64_t group_blocks = 1;
+  while (group_blocks * group_blocks < reduce_blocks) ++group_blocks;
+
   const int64_t apply_blocks = std::clamp<int64_t>(steps, 1, std::max<int64_t>(1, kApplyBlocksPerSm * sms / tiles));
   return {BnShape{rows, static_cast<int>(channels), static_cast<int>(lanes), static_cast<int>(rows_per_iter),
-                  rows_per_block},
+                  rows_per_block, static_cast<int>(group_blocks)},
           static_cast<int>(tiles), static_cast<int>(std::max<int64_t>(reduce_blocks, 1)),
-          static_cast<int>(apply_blocks)};
+          static_cast<int>((reduce_blocks + group_blocks - 1) / group_blocks), static_cast<int>(apply_blocks)};
 }
 
 // Reduction tickets that are zero whenever a kernel on `stream` starts: one buffer per (device,
@@ -154,11 +166,12 @@ struct Workspace {
 
 Workspace workspace(const Launch& l, const at::Tensor& x, int64_t coef_floats, cudaStream_t stream) {
   const int64_t elem = x.scalar_type() == at::kDouble ? 8 : 4;
-  const int64_t partial_bytes = 2 * int64_t{l.reduce_blocks} * l.shape.channels * elem;
+  const int64_t partial_bytes = 2 * int64_t{l.reduce_blocks + l.groups} * l.shape.channels * elem;
   const int64_t coef_bytes = coef_floats * elem;
+  const int64_t tickets = int64_t{l.tiles} * (1 + l.groups);
   Workspace w;
-  w.tickets = stream_tickets(l.tiles, x, stream);
-  const int64_t ticket_bytes = w.tickets ? 0 : int64_t{l.tiles} * static_cast<int64_t>(sizeof(unsigned));
+  w.tickets = stream_tickets(tickets, x, stream);
+  const int64_t ticket_bytes = w.tickets ? 0 : tickets * static_cast<int64_t>(sizeof(unsigned));
   w.storage = at::empty({partial_bytes + coef_bytes + ticket_bytes}, x.options().dtype(at::kByte));
   auto* base = static_cast<char*>(w.storage.data_ptr());
   w.partials = base;
@@ -216,7 +229,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_cuda(const at::Ten
     T* yp = reinterpret_cast<T*>(out.data_ptr());
     dispatch_vec<T>(vectorizable<T>(c, {xp, yp}), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      const Launch l = plan(n, c, V);
+      static const int64_t stats_per_sm = resident_blocks(cuda::bn_stats<T, P, V>);
+      const Launch l = plan(n, c, V, stats_per_sm);
       if (training) {
         const Workspace w = workspace(l, x, 0, stream);
         cuda::BnStatsArgs<T, P> a{};
@@ -266,7 +280,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cuda(
     T* gxp = output_mask[0] ? reinterpret_cast<T*>(grad_x.data_ptr()) : nullptr;
     dispatch_vec<T>(vectorizable<T>(c, {xp, gp, gxp}), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      const Launch l = plan(n, c, V);
+      static const int64_t reduce_per_sm = resident_blocks(cuda::bn_backward_reduce<T, P, V>);
+      const Launch l = plan(n, c, V, reduce_per_sm);
       const auto p = params<T, P>(weight, bias, running_mean, running_var, save_mean, save_invstd, eps, training);
       const bool training_grad_x = training && output_mask[0];
       acc_t<T>* coef = nullptr;

@@ -12,22 +12,31 @@
 // Reductions (the training statistics, the backward's sum(g) and sum(g * (x - mean))) are
 // deterministic: every thread sums its rows in a fixed order in double, the block sums its threads
 // in a fixed order into one partial per channel (workspace, [2][blocks][C] in the accumulation type),
-// and the last block of a channel tile to finish (an atomic ticket per tile after a __threadfence)
-// sums the partials in a fixed order in double and finalises the channel. No float atomics, so two
-// runs are bitwise equal. The tickets must be zero at launch, and are zero again when the kernel
-// ends: the ticket counter wraps (atomicInc) as the last block draws it, so a ticket buffer cleared
-// once serves every later launch on its stream (see stream_tickets in batch_norm.cu).
+// and the partials are summed in two fixed-order levels: the last block of each group of
+// `group_blocks` consecutive blocks of a tile to finish (an atomic ticket per group after a
+// __threadfence) sums its group's partials into a group partial ([2][groups][C], after the block
+// partials), and the last of those group sums of a tile (a ticket per tile) sums the group partials
+// in double and finalises the channel. Two levels of about sqrt(blocks) rows each keep the serial
+// tail, which one block runs while the rest of the GPU idles, to a few dependent L2 reads; one level
+// over hundreds of partials took longer than the streaming pass itself. No float atomics, so two
+// runs are bitwise equal. The tickets ([tiles] then [tiles][groups]) must be zero at launch, and are
+// zero again when the kernel ends: a ticket counter wraps (atomicInc) as the last block draws it, so
+// a ticket buffer cleared once serves every later launch on its stream (see stream_tickets in
+// batch_norm.cu).
 //
 // The statistics are sums of (x - K) and (x - K)^2 with the shift K = x[0, c]: with K inside the
 // data the sums do not cancel the way raw moments do (values of O(100) with unit variance), and the
 // accumulation is in double everywhere before the one subtraction var = E[(x-K)^2] - E[x-K]^2.
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/numeric.cuh"
 
 namespace relconv::cuda {
 
 inline constexpr int kBnThreads = 256;
+// Rows whose x and gradient a bn_backward_reduce thread loads before summing them.
+inline constexpr int kBnBackwardRows = 2;
 
 // Rows and the channel tiling (see the file comment); the same for every kernel of one call.
 struct BnShape {
@@ -36,6 +45,7 @@ struct BnShape {
   int lanes;               // V-channel groups per tile = threads per row
   int rows_per_iter;       // kBnThreads / lanes
   int64_t rows_per_block;  // reduction kernels: rows of one block's chunk (multiple of rows_per_iter)
+  int group_blocks;        // reduction kernels: blocks of a tile whose partials one group sum takes
 };
 
 // Per-channel affine parameters and statistics. weight / bias may be null (1 and 0); the statistics
@@ -147,10 +157,24 @@ __device__ __forceinline__ void bn_column_sums(int64_t rows, int cols, double* s
   }
 }
 
+// Whether this block is the last of `arrivals` blocks to draw `ticket`, after publishing what it
+// wrote; the last one then sees every other block's writes (read them with __ldcg).
+__device__ __forceinline__ bool bn_last_arrival(unsigned* ticket, unsigned arrivals) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  // atomicInc stores 0 when it reads arrivals - 1: the last draw resets the ticket for the next launch.
+  if (threadIdx.x == 0) last = atomicInc(ticket, arrivals - 1) == arrivals - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
 // The block's two per-channel sums (acc[0][i], acc[1][i] of every thread, V channels from c0) into
-// partials[q][blockIdx.x][c], then, in the last block of this channel tile, the fixed-order sum of
-// all blocks' partials handed to finish(c, sum0, sum1) (one thread per channel). `smem` holds
-// 2 * kBnThreads * V + kBnThreads doubles.
+// partials[q][blockIdx.x][c], then the two-level sum of all blocks' partials of this channel tile
+// (see the file comment) handed to finish(c, sum0, sum1) (one thread per channel, in the last block
+// to finish). `partials` holds [2][gridDim.x][C] block partials then [2][groups][C] group partials;
+// `smem` holds 2 * kBnThreads * V + kBnThreads doubles.
 template <typename T, int V, typename Finish>
 __device__ __forceinline__ void bn_reduce_and_finish(const BnShape& s, const BnThread& th, const double (&acc)[2][V],
                                                      acc_t<T>* partials, unsigned* tickets, double* smem,
@@ -169,37 +193,42 @@ __device__ __forceinline__ void bn_reduce_and_finish(const BnShape& s, const BnT
     }
   }
   __syncthreads();
-  const int64_t num_blocks = gridDim.x;
+  const int blocks = static_cast<int>(gridDim.x);
+  // Rows `first`.. of a [2][rows][C] array of partials, this tile's columns (L2 reads: other blocks
+  // wrote them, this SM's L1 may not be coherent with them).
+  const auto column = [&](const acc_t<T>* array, int rows, int first) {
+    return [=](int64_t r, int col) {
+      const int q = col / tile_width, c = col % tile_width;
+      return static_cast<double>(__ldcg(&array[(q * rows + first + r) * s.channels + tile_c0 + c]));
+    };
+  };
+  const auto store = [&](acc_t<T>* array, int rows, int row) {
+    return [=](int col, double sum) {
+      const int q = col / tile_width, c = col % tile_width;
+      array[(q * rows + row) * s.channels + tile_c0 + c] = static_cast<acc_t<T>>(sum);
+    };
+  };
   bn_column_sums(
       s.rows_per_iter, 2 * tile_width, scratch,
       [&](int64_t r, int col) {
         const int q = col / tile_width, c = col % tile_width;
         return values[(q * s.rows_per_iter + r) * width + c];
       },
-      [&](int col, double sum) {
-        const int q = col / tile_width, c = col % tile_width;
-        partials[(q * num_blocks + blockIdx.x) * s.channels + tile_c0 + c] = static_cast<acc_t<T>>(sum);
-      });
+      store(partials, blocks, blockIdx.x));
 
-  // Publish the partials, then take a ticket: the block that draws the last one sees every partial.
-  __threadfence();
-  __syncthreads();
-  __shared__ bool last;
-  // atomicInc stores 0 when it reads gridDim.x - 1: the last draw resets the ticket for the next launch.
-  if (threadIdx.x == 0) last = atomicInc(&tickets[blockIdx.y], gridDim.x - 1) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  const int groups = (blocks + s.group_blocks - 1) / s.group_blocks;
+  const int group = static_cast<int>(blockIdx.x) / s.group_blocks;
+  const int first = group * s.group_blocks;
+  const int members = min(s.group_blocks, blocks - first);
+  if (!bn_last_arrival(&tickets[gridDim.y + blockIdx.y * groups + group], members)) return;
+  acc_t<T>* group_partials = partials + 2 * int64_t{blocks} * s.channels;
+  bn_column_sums(members, 2 * tile_width, scratch, column(partials, blocks, first),
+                 store(group_partials, groups, group));
 
+  if (!bn_last_arrival(&tickets[blockIdx.y], groups)) return;
   double* sums = smem;  // [2][tile_width]; the per-thread values are no longer needed
-  bn_column_sums(
-      num_blocks, 2 * tile_width, scratch,
-      [&](int64_t b, int col) {
-        const int q = col / tile_width, c = col % tile_width;
-        // L2 reads: other blocks wrote these, this SM's L1 may not be coherent with them.
-        return static_cast<double>(__ldcg(&partials[(q * num_blocks + b) * s.channels + tile_c0 + c]));
-      },
-      [&](int col, double sum) { sums[col] = sum; });
+  bn_column_sums(groups, 2 * tile_width, scratch, column(group_partials, groups, 0),
+                 [&](int col, double sum) { sums[col] = sum; });
   __syncthreads();
   for (int c = threadIdx.x; c < tile_width; c += kBnThreads) finish(tile_c0 + c, sums[c], sums[tile_width + c]);
 }
@@ -246,14 +275,19 @@ __global__ void __launch_bounds__(kBnThreads) bn_stats(BnShape s, BnStatsArgs<T,
     for (; r + 3 * step < end; r += 4 * step) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) bn_load<T, V>(a.x + (r + k * step) * s.channels + th.c0, v[k]);
+      // The four rows summed in the accumulation type, then added to the double sums: a conversion
+      // to double and a double add per element bound the pass on GPUs with few FP64 units.
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
+      for (int i = 0; i < V; ++i) {
+        acc_t<T> sum = 0, sum_sq = 0;
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const double d = static_cast<double>(v[k][i]) - static_cast<double>(shift[i]);
-          acc[0][i] += d;
-          acc[1][i] += d * d;
+        for (int k = 0; k < 4; ++k) {
+          const acc_t<T> d = v[k][i] - shift[i];
+          sum += d;
+          sum_sq += d * d;
         }
+        acc[0][i] += static_cast<double>(sum);
+        acc[1][i] += static_cast<double>(sum_sq);
       }
     }
     for (; r < end; r += step) {
@@ -351,22 +385,48 @@ __global__ void __launch_bounds__(kBnThreads)
     ch.load(p, th.c0);
     int64_t begin, end;
     bn_chunk(s, begin, end);
-    for (int64_t r = begin + th.row; r < end; r += s.rows_per_iter) {
-      const int64_t off = r * s.channels + th.c0;
-      A xv[V], g[V];
-      bn_load<T, V>(a.x + off, xv);
-      bn_load<T, V>(a.grad_out + off, g);
-      bn_masked_grad(ch, xv, g, relu);
+    const int64_t step = s.rows_per_iter;
+    A xv[kBnBackwardRows][V], g[kBnBackwardRows][V];
+    // The first `count` loaded rows, first row r: their masked gradients summed in the accumulation
+    // type and added to the double sums (as in bn_stats), and the eval input gradient written.
+    const auto use = [&](auto rows, int64_t r) {
+      constexpr int count = decltype(rows)::value;
+#pragma unroll
+      for (int k = 0; k < count; ++k) bn_masked_grad(ch, xv[k], g[k], relu);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        acc[0][i] += static_cast<double>(g[i]);
-        acc[1][i] += static_cast<double>(g[i]) * (static_cast<double>(xv[i]) - static_cast<double>(ch.mean[i]));
+        A sum_g = 0, sum_gx = 0;
+#pragma unroll
+        for (int k = 0; k < count; ++k) {
+          sum_g += g[k][i];
+          sum_gx += g[k][i] * (xv[k][i] - ch.mean[i]);
+        }
+        acc[0][i] += static_cast<double>(sum_g);
+        acc[1][i] += static_cast<double>(sum_gx);
       }
       if (a.grad_x) {
 #pragma unroll
-        for (int i = 0; i < V; ++i) g[i] *= ch.gamma[i] * ch.invstd[i];
-        bn_store<T, V>(a.grad_x + off, g);
+        for (int k = 0; k < count; ++k) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) g[k][i] *= ch.gamma[i] * ch.invstd[i];
+          bn_store<T, V>(a.grad_x + (r + k * step) * s.channels + th.c0, g[k]);
+        }
       }
+    };
+    int64_t r = begin + th.row;
+    // kBnBackwardRows rows in flight per thread, as in bn_stats: the loads before the dependent sums.
+    for (; r + (kBnBackwardRows - 1) * step < end; r += kBnBackwardRows * step) {
+#pragma unroll
+      for (int k = 0; k < kBnBackwardRows; ++k) {
+        bn_load<T, V>(a.x + (r + k * step) * s.channels + th.c0, xv[k]);
+        bn_load<T, V>(a.grad_out + (r + k * step) * s.channels + th.c0, g[k]);
+      }
+      use(std::integral_constant<int, kBnBackwardRows>{}, r);
+    }
+    for (; r < end; r += step) {
+      bn_load<T, V>(a.x + r * s.channels + th.c0, xv[0]);
+      bn_load<T, V>(a.grad_out + r * s.channels + th.c0, g[0]);
+      use(std::integral_constant<int, 1>{}, r);
     }
   }
   bn_reduce_and_finish<T, V>(s, th, acc, a.partials, a.tickets, smem, [&](int c, double sum_g, double sum_gx) {
