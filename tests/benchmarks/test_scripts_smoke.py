@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from benchmarks.ops import bench_relational_conv
+from benchmarks.ops import bench_batch_norm, bench_relational_conv
 from benchmarks.voxel import bench_layers
 
 
@@ -29,6 +29,16 @@ def test_bench_relational_conv_rows_agree(tmp_path):
         assert r["rel_error"] <= tol, r
         assert r["forward_path"] in ("pairs", "table")
         assert {"time_relconv_s", "time_reference_s", "speedup", "floor_s", "time_over_floor"} <= set(r)
+
+
+def test_bench_batch_norm_rows_agree(tmp_path):
+    bench_batch_norm.main(["--device", "cpu", "--tiny", "--dtypes", "fp32,fp16", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "bench_batch_norm.json").read_text())["rows"]
+    assert {(r["rows"], r["channels"], r["dtype"]) for r in rows} == {
+        (n, c, d) for n, c in bench_batch_norm.TINY_SHAPES for d in ("float32", "float16")
+    }
+    for r in rows:
+        assert r["relconv_rel_error"] <= bench_batch_norm.TOLERANCE[getattr(torch, r["dtype"])], r
 
 
 def test_bench_layers_rows_agree(tmp_path):
