@@ -5,7 +5,8 @@ The norms and activations are torch's own modules applied to `feats`, so their p
 buffers and state_dict keys are TorchSparse's (which subclasses the same torch modules).
 On CUDA, `BatchNorm` runs relconv's fused `batch_norm_act` op, as relconv's own voxel layers do.
 With autograd off, an eval-mode `BatchNorm` and a `ReLU` applied to a conv's output fold into that
-conv (`relconv.torchsparse.nn.functional.pending`).
+conv; otherwise a `BatchNorm`'s output waits for its first use, and an in-place `ReLU` as that use
+runs inside the norm (`relconv.torchsparse.nn.functional.pending`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from relconv.torchsparse._missing import missing
 from relconv.torchsparse.nn.bev import ToBEVHeightCompression, ToDenseBEVConvolution
 from relconv.torchsparse.nn.functional import global_avg_pool, global_max_pool, spcrop
 from relconv.torchsparse.nn.functional.conv import Conv3d
-from relconv.torchsparse.nn.functional.pending import PendingConv
+from relconv.torchsparse.nn.functional.pending import PendingConv, PendingNorm
 from relconv.torchsparse.tensor import SparseTensor
-from relconv.voxel.nn import norm_act
 
 __all__ = [
     "BatchNorm",
@@ -51,10 +51,15 @@ def _sparse(input: object) -> SparseTensor:
 
 class ReLU(nn.ReLU):
     def forward(self, input: SparseTensor) -> SparseTensor:
-        if type(input) is PendingConv:  # becomes the conv's epilogue where it can
+        kind = type(input)
+        if kind is PendingConv:  # becomes the conv's epilogue where it can
             folded = input.with_relu()
             if folded is not None:
                 return folded
+        elif kind is PendingNorm and self.inplace:  # runs inside the norm, as it would have in place
+            joined = input.with_relu()
+            if joined is not None:
+                return joined
         x = _sparse(input)
         return x._like(super().forward(x.feats))
 
@@ -88,8 +93,8 @@ class BatchNorm(nn.BatchNorm1d):
             folded = input.with_norm(self)
             if folded is not None:
                 return folded
-        x = _sparse(input)
-        return x._like(norm_act(self, x.feats, False))
+        # Runs at its first use, with a following in-place ReLU inside where that is the use.
+        return PendingNorm(self, _sparse(input))
 
 
 class GroupNorm(nn.GroupNorm):

@@ -14,6 +14,13 @@ between (as for a tensor autograd saved); a change is detected and raises instea
 changed values. An output used both through a BatchNorm or ReLU and on its own runs its conv once
 for each (folded, then plain): the same values, one more conv. Copying or pickling an output runs
 its conv first.
+
+In training (or with autograd on) the same deferral joins a `BatchNorm` and the in-place `ReLU`
+after it, as `relconv.voxel.Sequential` does: `BatchNorm` returns a `PendingNorm`, and an in-place
+`ReLU` applied to it runs the norm once with the ReLU inside (relconv's `batch_norm_act`: no ReLU
+kernel forward or backward); any other first use runs the norm alone. Either way the norm runs
+exactly once (its running statistics are updated once), with the autograd and training mode of
+its call.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from torch import nn
 
 from relconv.torchsparse.tensor import SparseTensor
 from relconv.voxel.fold import FoldCache
+from relconv.voxel.nn import norm_act
 
 
 class _Call(NamedTuple):
@@ -42,15 +50,9 @@ class _Call(NamedTuple):
 _new_call = functools.partial(tuple.__new__, _Call)
 
 
-class PendingConv(SparseTensor):
-    """The output of `conv(input)` before the conv has run; see the module docstring."""
-
-    def __init__(self, conv: nn.Module, input: SparseTensor) -> None:
-        # A plain SparseTensor's state appears in __dict__ only when the conv runs (`_run`).
-        feats = input.feats
-        device = "cuda" if feats.is_cuda else feats.device.type
-        autocast = (device, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None)
-        object.__setattr__(self, "_pending", _new_call((conv, input, feats._version, None, False, autocast)))
+class _Deferred(SparseTensor):
+    """A SparseTensor whose features are computed at their first use: `_pending` holds the call,
+    `_result(call)` computes it. After the run it is a plain SparseTensor."""
 
     @property
     def feats(self):
@@ -81,11 +83,33 @@ class PendingConv(SparseTensor):
         object.__setattr__(self, name, value)
 
     def __reduce_ex__(self, protocol):
-        # A copy or a pickle is of the conv's result: the conv runs first (and the tensor becomes a
-        # plain SparseTensor, which is what is copied).
+        # A copy or a pickle is of the result: the call runs first (and the tensor becomes a plain
+        # SparseTensor, which is what is copied).
         if "_pending" in self.__dict__:
             self._run()
         return object.__reduce_ex__(self, protocol)
+
+    def _run(self) -> None:
+        state = self.__dict__
+        out = self._result(state["_pending"])
+        del state["_pending"]
+        state.update(out.__dict__)
+        # Run, it is a plain SparseTensor: later reads of its features skip the property.
+        object.__setattr__(self, "__class__", SparseTensor)
+
+    def _result(self, call) -> SparseTensor:
+        raise NotImplementedError
+
+
+class PendingConv(_Deferred):
+    """The output of `conv(input)` before the conv has run; see the module docstring."""
+
+    def __init__(self, conv: nn.Module, input: SparseTensor) -> None:
+        # A plain SparseTensor's state appears in __dict__ only when the conv runs (`_run`).
+        feats = input.feats
+        device = "cuda" if feats.is_cuda else feats.device.type
+        autocast = (device, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None)
+        object.__setattr__(self, "_pending", _new_call((conv, input, feats._version, None, False, autocast)))
 
     def with_norm(self, norm: nn.BatchNorm1d) -> PendingConv | None:
         """This conv with `norm` folded in, or None where it cannot fold: the conv has run, `norm`
@@ -105,8 +129,7 @@ class PendingConv(SparseTensor):
             return None
         return _pending(_new_call((call.conv, call.input, call.version, call.norm, True, call.autocast)))
 
-    def _run(self) -> None:
-        call = self.__dict__["_pending"]
+    def _result(self, call: _Call) -> SparseTensor:
         if call.input.feats._version != call.version:
             raise RuntimeError(
                 "the input of a deferred relconv.torchsparse conv was modified in place before the conv "
@@ -118,14 +141,54 @@ class PendingConv(SparseTensor):
         if torch.is_grad_enabled() or now != dtype:
             # Used elsewhere than called: the conv runs as it would have at its call.
             with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=dtype is not None):
-                out = _conv(call)
-        else:
-            out = _conv(call)
+                return _conv(call)
+        return _conv(call)
+
+
+class _NormCall(NamedTuple):
+    norm: nn.BatchNorm1d
+    input: SparseTensor
+    version: int  # of the input's features when the norm was called
+    grad: bool  # autograd on at the call
+    training: bool  # the norm's mode at the call
+    relu: bool
+
+
+class PendingNorm(_Deferred):
+    """The output of a BatchNorm before it has run; see the module docstring."""
+
+    def __init__(self, norm: nn.BatchNorm1d, input: SparseTensor) -> None:
+        call = (norm, input, input.feats._version, torch.is_grad_enabled(), norm.training, False)
+        object.__setattr__(self, "_pending", tuple.__new__(_NormCall, call))
+
+    def with_relu(self) -> SparseTensor | None:
+        """The norm run once with an in-place ReLU inside (this tensor then holds that result, as an
+        in-place ReLU leaves it), or None where it has run."""
         state = self.__dict__
-        del state["_pending"]
-        state.update(out.__dict__)
-        # Run, it is a plain SparseTensor: later reads of its features skip the property.
-        object.__setattr__(self, "__class__", SparseTensor)
+        call = state.get("_pending")
+        if call is None:
+            return None
+        state["_pending"] = call._replace(relu=True)
+        self._run()
+        return self._like(state["feats"])
+
+    def _result(self, call: _NormCall) -> SparseTensor:
+        x, norm = call.input, call.norm
+        if x.feats._version != call.version:
+            raise RuntimeError(
+                "the input of a relconv.torchsparse BatchNorm was modified in place before the norm's "
+                "output was used; modify a copy instead"
+            )
+        if torch.is_grad_enabled() == call.grad and norm.training == call.training:
+            return x._like(norm_act(norm, x.feats, call.relu))
+        # Used elsewhere than called: the norm runs as it would have at its call.
+        training = norm.training
+        try:
+            norm.training = call.training
+            with torch.set_grad_enabled(call.grad):
+                return x._like(norm_act(norm, x.feats, call.relu))
+        finally:
+            norm.training = training
 
 
 def _conv(call: _Call) -> SparseTensor:
