@@ -10,7 +10,8 @@
 // else 1).
 //
 // Reductions (the training statistics, the backward's sum(g) and sum(g * (x - mean))) are
-// deterministic: every thread sums its rows in a fixed order in double, the block sums its threads
+// deterministic: every thread sums its rows in a fixed order (batches of a few rows in the
+// accumulation type, added to sums in double), the block sums its threads
 // in a fixed order into one partial per channel (workspace, [2][blocks][C] in the accumulation type),
 // and the partials are summed in two fixed-order levels: the last block of each group of
 // `group_blocks` consecutive blocks of a tile to finish (an atomic ticket per group after a
@@ -26,7 +27,7 @@
 //
 // The statistics are sums of (x - K) and (x - K)^2 with the shift K = x[0, c]: with K inside the
 // data the sums do not cancel the way raw moments do (values of O(100) with unit variance), and the
-// accumulation is in double everywhere before the one subtraction var = E[(x-K)^2] - E[x-K]^2.
+// sums are carried in double up to the one subtraction var = E[(x-K)^2] - E[x-K]^2.
 #include <cstdint>
 #include <type_traits>
 

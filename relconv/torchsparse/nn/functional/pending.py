@@ -52,7 +52,7 @@ _new_call = functools.partial(tuple.__new__, _Call)
 
 class _Deferred(SparseTensor):
     """A SparseTensor whose features are computed at their first use: `_pending` holds the call,
-    `_result(call)` computes it. After the run it is a plain SparseTensor."""
+    the subclass's `_result(call)` computes it. After the run it is a plain SparseTensor."""
 
     @property
     def feats(self):
@@ -96,9 +96,6 @@ class _Deferred(SparseTensor):
         state.update(out.__dict__)
         # Run, it is a plain SparseTensor: later reads of its features skip the property.
         object.__setattr__(self, "__class__", SparseTensor)
-
-    def _result(self, call) -> SparseTensor:
-        raise NotImplementedError
 
 
 class PendingConv(_Deferred):
