@@ -130,3 +130,10 @@ def test_input_changed_in_place_before_the_norm_runs_is_refused():
     x.F.mul_(2)
     with pytest.raises(RuntimeError, match="modified in place"):
         _ = y.F
+
+
+def test_unused_norm_output_leaves_the_running_statistics():
+    bn, x = _norm(), _scene("cpu")
+    mean = bn.running_mean.clone()
+    bn(x)
+    assert torch.equal(bn.running_mean, mean) and bn.num_batches_tracked.item() == 0

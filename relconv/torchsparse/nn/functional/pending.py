@@ -20,7 +20,7 @@ after it, as `relconv.voxel.Sequential` does: `BatchNorm` returns a `PendingNorm
 `ReLU` applied to it runs the norm once with the ReLU inside (relconv's `batch_norm_act`: no ReLU
 kernel forward or backward); any other first use runs the norm alone. Either way the norm runs
 exactly once (its running statistics are updated once), with the autograd and training mode of
-its call.
+its call; a norm whose output is never used does not run.
 """
 
 from __future__ import annotations
