@@ -9,9 +9,12 @@ call GPU-bound or host-bound, and where does the host make the GPU wait), not a 
 
 LIBRARY is `shim`, `native` or `real` (the real library after `source benchmarks/peers/activate.sh`),
 PHASE `inference` or `training`, DTYPE `fp32` or `fp16`; the call is `speed.py`'s. Each call's idle
-time is also summed by what the host was running in the middle of each gap (the innermost host
-event there); `--stack` records Python frames too (`with_stack`, which slows the host further), so
-that the innermost event is a function of the code that kept the GPU waiting.
+time is also summed by what the host was running in the middle of each gap: the innermost host
+event there, or, where the host ran Python between ops, the next op it started ("before ...").
+`--stack` records Python frames too (`with_stack`, which slows the host further): as host events
+of their own, or as each op's stack, which torch version by version does; a stack's innermost
+frame of relconv's, the harness's or the backbone's own code is added to the op's name. Either way
+a gap names the code that kept the GPU waiting.
 """
 
 from __future__ import annotations
@@ -55,18 +58,33 @@ def _gpu_intervals(events) -> list[tuple[float, float]]:
 
 
 def _innermost(host: list, t: float, skip) -> str:
-    """The name of the shortest host event running at time `t` (other than `skip`), or "-"."""
-    best, length = "-", float("inf")
+    """What the host ran at time `t`: the shortest host event running then (other than `skip`), or
+    else "before " the next one to start ("-" after the last), each named by `_named`."""
+    best, length, following = None, float("inf"), None
     for e in host:
         r = e.time_range
-        if (
-            r.start <= t <= r.end
-            and e is not skip
-            and r.end - r.start < length
-            and not e.name.startswith("ProfilerStep")
-        ):
-            best, length = e.name, r.end - r.start
-    return _short(best)
+        if e is skip or e.name.startswith("ProfilerStep"):
+            continue
+        if r.start <= t <= r.end and r.end - r.start < length:
+            best, length = e, r.end - r.start
+        elif r.start > t and (following is None or r.start < following.time_range.start):
+            following = e
+    if best is not None:
+        return _named(best)
+    return "before " + _named(following) if following is not None else "-"
+
+
+def _named(event) -> str:
+    """A host event's name, with the innermost frame of its recorded Python stack (`--stack`) that
+    lies outside torch: the code of relconv, of the harness or of the backbone that ran it."""
+    for frame in getattr(event, "stack", None) or ():
+        path, paren, rest = frame.partition("(")
+        parts = path.split("/")
+        # A backbone's repository (benchmarks/compat's downstream snapshots) from its name on.
+        own = parts[parts.index("downstream") + 1 :] if "downstream" in parts else package_path(path)
+        if own and own[0] != "torch":
+            return f"{_short(event.name)} from {'/'.join(own)}{paren}{rest}"
+    return _short(event.name)
 
 
 def _short(name: str) -> str:

@@ -506,20 +506,25 @@ def test_idle_names_the_innermost_host_event_of_a_gap():
 
     from benchmarks.compat.idle import _innermost
 
-    def event(name, start, end):
-        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
+    def event(name, start, end, stack=()):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), stack=list(stack))
 
     call = event("call 0", 0.0, 100.0)
+    frames = [  # innermost first, as the profiler records them
+        "/x/site-packages/torch/nn/functional.py(2800): relu",
+        "/work/repo/relconv/voxel/conv.py(123): run_layer",
+        "/x/site-packages/torch/nn/modules/module.py(1775): _wrapped_call_impl",
+    ]
     host = [
         call,
         event("ProfilerStep#3", 0.0, 100.0),
-        event("/x/site-packages/torch/nn/modules/module.py(1775): _wrapped_call_impl", 5.0, 60.0),
-        event("/work/repo/relconv/voxel/conv.py(123): run_layer", 10.0, 40.0),
-        event("aten::empty", 30.0, 31.0),
+        event("aten::conv", 5.0, 60.0),
+        event("aten::empty", 30.0, 31.0, frames),
+        event("aten::add", 70.0, 72.0, ["/src/downstream/Pointcept/models/unet.py(40): forward"]),
     ]
-    assert _innermost(host, 20.0, call) == "relconv/voxel/conv.py(123): run_layer"
-    assert _innermost(host, 30.5, call) == "aten::empty"
-    assert _innermost(host, 50.0, call) == "torch/nn/modules/module.py(1775): _wrapped_call_impl"
+    assert _innermost(host, 20.0, call) == "aten::conv"
+    assert _innermost(host, 30.5, call) == "aten::empty from relconv/voxel/conv.py(123): run_layer"
+    assert _innermost(host, 65.0, call) == "before aten::add from Pointcept/models/unet.py(40): forward"
     assert _innermost(host, 80.0, call) == "-"
 
 
