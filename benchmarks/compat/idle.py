@@ -78,21 +78,25 @@ def _named(event) -> str:
     """A host event's name, with the innermost frame of its recorded Python stack (`--stack`) that
     lies outside torch: the code of relconv, of the harness or of the backbone that ran it."""
     for frame in getattr(event, "stack", None) or ():
-        path, paren, rest = frame.partition("(")
-        parts = path.split("/")
-        # A backbone's repository (benchmarks/compat's downstream snapshots) from its name on.
-        own = parts[parts.index("downstream") + 1 :] if "downstream" in parts else package_path(path)
+        own = _code_path(frame.partition("(")[0])
         if own and own[0] != "torch":
-            return f"{_short(event.name)} from {'/'.join(own)}{paren}{rest}"
+            return f"{_short(event.name)} from {_short(frame)}"
     return _short(event.name)
 
 
 def _short(name: str) -> str:
-    """A profiler event name with a Python frame's path (`/.../relconv/voxel/conv.py(123): f`) cut
-    to its package, as host_split names functions."""
+    """A profiler event name or stack frame with its Python file's path
+    (`/.../relconv/voxel/conv.py(123): f`) cut as `_code_path` cuts it."""
     path, paren, rest = name.partition("(")
-    inner = package_path(path) if paren else None
+    inner = _code_path(path) if paren else None
     return "/".join(inner) + paren + rest if inner else name
+
+
+def _code_path(path: str) -> list[str] | None:
+    """A Python file's path from its package root on (host_split's `package_path`), or a backbone's
+    (benchmarks/compat's downstream snapshots) from its repository on; None for other files."""
+    parts = path.split("/")
+    return parts[parts.index("downstream") + 1 :] if "downstream" in parts else package_path(path)
 
 
 def _timed_then_profiled(fn, inputs, device, calls: int, stack: bool = False):
