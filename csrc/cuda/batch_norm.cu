@@ -38,6 +38,9 @@ constexpr int64_t kTileChannels = 64;
 // Reduction kernels: the fewest row steps a thread takes before another block is worth it. They
 // launch at most as many blocks as fit the SMs at once (one wave; the grid is their occupancy).
 constexpr int64_t kMinStepsPerThread = 4;
+// Up to this many blocks a tile's partials are summed in one level: the second level's fence and
+// ticket cost more than summing a few dozen rows at once.
+constexpr int64_t kOneLevelBlocks = 32;
 // Element-wise kernels: enough resident blocks to cover the SMs' thread slots.
 constexpr int64_t kApplyBlocksPerSm = 8;
 
@@ -115,9 +118,12 @@ Launch plan(int64_t rows, int64_t channels, int vec, int64_t reduce_per_sm) {
   const int64_t rows_per_block = chunk_steps * rows_per_iter;
   reduce_blocks = (rows + rows_per_block - 1) / rows_per_block;  // no block without rows
 
-  // Two summing levels of about sqrt(blocks) partials each (batch_norm.cuh).
-  int64_t group_blocks = 1;
-  while (group_blocks * group_blocks < reduce_blocks) ++group_blocks;
+  // Two summing levels of about sqrt(blocks) partials each (batch_norm.cuh); one for few blocks.
+  int64_t group_blocks = reduce_blocks;
+  if (reduce_blocks > kOneLevelBlocks) {
+    group_blocks = 1;
+    while (group_blocks * group_blocks < reduce_blocks) ++group_blocks;
+  }
 
   const int64_t apply_blocks = std::clamp<int64_t>(steps, 1, std::max<int64_t>(1, kApplyBlocksPerSm * sms / tiles));
   return {BnShape{rows, static_cast<int>(channels), static_cast<int>(lanes), static_cast<int>(rows_per_iter),

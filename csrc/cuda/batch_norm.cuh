@@ -222,14 +222,19 @@ __device__ __forceinline__ void bn_reduce_and_finish(const BnShape& s, const BnT
   const int first = group * s.group_blocks;
   const int members = min(s.group_blocks, blocks - first);
   if (!bn_last_arrival(&tickets[gridDim.y + blockIdx.y * groups + group], members)) return;
-  acc_t<T>* group_partials = partials + 2 * int64_t{blocks} * s.channels;
-  bn_column_sums(members, 2 * tile_width, scratch, column(partials, blocks, first),
-                 store(group_partials, groups, group));
-
-  if (!bn_last_arrival(&tickets[blockIdx.y], groups)) return;
   double* sums = smem;  // [2][tile_width]; the per-thread values are no longer needed
-  bn_column_sums(groups, 2 * tile_width, scratch, column(group_partials, groups, 0),
-                 [&](int col, double sum) { sums[col] = sum; });
+  if (groups == 1) {
+    // Few blocks (batch_norm.cu's kOneLevelBlocks): their partials are summed at once.
+    bn_column_sums(members, 2 * tile_width, scratch, column(partials, blocks, 0),
+                   [&](int col, double sum) { sums[col] = sum; });
+  } else {
+    acc_t<T>* group_partials = partials + 2 * int64_t{blocks} * s.channels;
+    bn_column_sums(members, 2 * tile_width, scratch, column(partials, blocks, first),
+                   store(group_partials, groups, group));
+    if (!bn_last_arrival(&tickets[blockIdx.y], groups)) return;
+    bn_column_sums(groups, 2 * tile_width, scratch, column(group_partials, groups, 0),
+                   [&](int col, double sum) { sums[col] = sum; });
+  }
   __syncthreads();
   for (int c = threadIdx.x; c < tile_width; c += kBnThreads) finish(tile_c0 + c, sums[c], sums[tile_width + c]);
 }

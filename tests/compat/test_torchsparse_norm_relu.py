@@ -47,7 +47,9 @@ def _step(model, x):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_training_step_equals_norm_then_relu(device, monkeypatch):
-    dtype = torch.float64 if device == "cpu" else torch.float32
+    # float64 on both devices: in float32 a norm output within rounding of zero may take either
+    # side of the ReLU in the two runs, and that one element moves its gradients by O(1).
+    dtype = torch.float64
     model = SparseResNet21D(in_channels=4).to(device, dtype).train()
     ref = copy.deepcopy(model)
     x = _scene(device, dtype=dtype)
@@ -59,7 +61,7 @@ def test_training_step_equals_norm_then_relu(device, monkeypatch):
     assert len(joined) == 13
     _unjoined(monkeypatch)
     want = _step(ref, x)
-    tol = {"rtol": 1e-10, "atol": 1e-10} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
+    tol = {"rtol": 1e-10, "atol": 1e-10}
     torch.testing.assert_close(got[0], want[0], **tol)
     torch.testing.assert_close(got[1], want[1], **tol)
     assert got[2].keys() == want[2].keys() and got[3].keys() == want[3].keys()
