@@ -51,8 +51,12 @@ _new_call = functools.partial(tuple.__new__, _Call)
 
 
 class _Deferred(SparseTensor):
-    """A SparseTensor whose features are computed at their first use: `_pending` holds the call,
-    the subclass's `_result(call)` computes it. After the run it is a plain SparseTensor."""
+    """A SparseTensor whose features are computed at their first use: `_pending` holds the call
+    (with the `input` it reads and that input's feature `version` at the call), the subclass's
+    `_result(call)` computes it. After the run it is a plain SparseTensor."""
+
+    # Raised where the input's features were changed in place between the call and the run.
+    _modified: str
 
     @property
     def feats(self):
@@ -91,7 +95,10 @@ class _Deferred(SparseTensor):
 
     def _run(self) -> None:
         state = self.__dict__
-        out = self._result(state["_pending"])
+        call = state["_pending"]
+        if call.input.feats._version != call.version:
+            raise RuntimeError(self._modified)
+        out = self._result(call)
         del state["_pending"]
         state.update(out.__dict__)
         # Run, it is a plain SparseTensor: later reads of its features skip the property.
@@ -100,6 +107,12 @@ class _Deferred(SparseTensor):
 
 class PendingConv(_Deferred):
     """The output of `conv(input)` before the conv has run; see the module docstring."""
+
+    _modified = (
+        "the input of a deferred relconv.torchsparse conv was modified in place before the conv "
+        "ran; modify a copy instead, or run without inference folding "
+        "(relconv.voxel.inference_folding(False))"
+    )
 
     def __init__(self, conv: nn.Module, input: SparseTensor) -> None:
         # A plain SparseTensor's state appears in __dict__ only when the conv runs (`_run`).
@@ -127,12 +140,6 @@ class PendingConv(_Deferred):
         return _pending(_new_call((call.conv, call.input, call.version, call.norm, True, call.autocast)))
 
     def _result(self, call: _Call) -> SparseTensor:
-        if call.input.feats._version != call.version:
-            raise RuntimeError(
-                "the input of a deferred relconv.torchsparse conv was modified in place before the conv "
-                "ran; modify a copy instead, or run without inference folding "
-                "(relconv.voxel.inference_folding(False))"
-            )
         device, dtype = call.autocast
         now = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         if torch.is_grad_enabled() or now != dtype:
@@ -151,12 +158,20 @@ class _NormCall(NamedTuple):
     relu: bool
 
 
+_new_norm_call = functools.partial(tuple.__new__, _NormCall)
+
+
 class PendingNorm(_Deferred):
     """The output of a BatchNorm before it has run; see the module docstring."""
 
+    _modified = (
+        "the input of a relconv.torchsparse BatchNorm was modified in place before the norm's "
+        "output was used; modify a copy instead"
+    )
+
     def __init__(self, norm: nn.BatchNorm1d, input: SparseTensor) -> None:
         call = (norm, input, input.feats._version, torch.is_grad_enabled(), norm.training, False)
-        object.__setattr__(self, "_pending", tuple.__new__(_NormCall, call))
+        object.__setattr__(self, "_pending", _new_norm_call(call))
 
     def with_relu(self) -> SparseTensor | None:
         """The norm run once with an in-place ReLU inside (this tensor then holds that result, as an
@@ -165,17 +180,12 @@ class PendingNorm(_Deferred):
         call = state.get("_pending")
         if call is None:
             return None
-        state["_pending"] = call._replace(relu=True)
+        state["_pending"] = _new_norm_call((*call[:-1], True))  # relu, the last field
         self._run()
         return self._like(state["feats"])
 
     def _result(self, call: _NormCall) -> SparseTensor:
         x, norm = call.input, call.norm
-        if x.feats._version != call.version:
-            raise RuntimeError(
-                "the input of a relconv.torchsparse BatchNorm was modified in place before the norm's "
-                "output was used; modify a copy instead"
-            )
         if torch.is_grad_enabled() == call.grad and norm.training == call.training:
             return x._like(norm_act(norm, x.feats, call.relu))
         # Used elsewhere than called: the norm runs as it would have at its call.
