@@ -36,6 +36,11 @@
 //            checks its metadata; like neighbor_table it must describe exactly the op's pairs.
 //   transposed_order  optional [num_in] (table dtype): transposed_table's schedule order, as
 //            table_order is neighbor_table's (a permutation; needs transposed_table).
+//   sorted_tables  the tables given with an order hold their rows in that order: row m of
+//            neighbor_table is output table_order[m]'s, row m of transposed_table input
+//            transposed_order[m]'s (relconv keeps such a copy of a reused map's tables, so that
+//            the CUDA kernels read a tile's entries as one block). The CPU kernel reads the pairs,
+//            and a gradient that reads pairs needs them passed.
 //   relational_conv_add_(out, x, weight, in_index, out_index, rel_ptr, scale) -> (): adds the
 //            pairs' sum into out [num_out, G * C_out_g] (x's dtype, no overlap with x or weight) in
 //            place, num_out = out.size(0). The pair path only, not differentiable: for an
@@ -125,7 +130,7 @@ TORCH_LIBRARY(relconv, m) {
       "relational_conv(Tensor x, Tensor weight, Tensor in_index, Tensor out_index, "
       "Tensor rel_ptr, Tensor? scale, SymInt num_out, Tensor? neighbor_table=None, "
       "Tensor? table_order=None, Tensor? bias=None, bool relu=False, Tensor? transposed_table=None, "
-      "Tensor? transposed_order=None) -> Tensor");
+      "Tensor? transposed_order=None, bool sorted_tables=False) -> Tensor");
   m.def(
       "relational_conv_add_(Tensor(a!) out, Tensor x, Tensor weight, Tensor in_index, Tensor out_index, "
       "Tensor rel_ptr, Tensor? scale) -> ()");

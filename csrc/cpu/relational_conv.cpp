@@ -208,10 +208,10 @@ at::Tensor relational_conv_cpu(const at::Tensor& x, const at::Tensor& weight, co
                                const std::optional<at::Tensor>& table_order,
                                const std::optional<at::Tensor>& bias, bool relu,
                                const std::optional<at::Tensor>& transposed_table,
-                               const std::optional<at::Tensor>& transposed_order) {
+                               const std::optional<at::Tensor>& transposed_order, bool /*sorted_tables*/) {
   // The pair lists carry the same information as the neighbour tables; the CPU path uses the former
-  // (and the table orders, schedules of the CUDA table kernel, mean nothing here). The transposed
-  // table is checked all the same: a bad argument fails on every device.
+  // (the table orders and the tables' row sequence, schedules of the CUDA table kernel, mean nothing
+  // here). The transposed table is checked all the same: a bad argument fails on every device.
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
   check_neighbor_table(neighbor_table, table_order, in_index, scale, num_out, s.num_relations);
   check_transposed_table(transposed_table, transposed_order, neighbor_table, x.size(0), s.num_relations);
@@ -349,7 +349,7 @@ void relational_conv_add_cpu(at::Tensor& out, const at::Tensor& x, const at::Ten
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale);
   check_add_out(out, x, weight, s.groups * s.cout_g);
   out.add_(relational_conv_cpu(x, weight, in_index, out_index, rel_ptr, scale, out.size(0), std::nullopt,
-                               std::nullopt, std::nullopt, false, std::nullopt, std::nullopt));
+                               std::nullopt, std::nullopt, false, std::nullopt, std::nullopt, false));
 }
 
 }  // namespace

@@ -41,6 +41,9 @@ struct ConvTableArgs {
   bool vec_out2;       // two-element (4-byte) stores allowed for output rows
   bool relu;           // max(0, .) after the bias, in the epilogue
   bool x_chunks;       // x rows start on C_in_g-element boundaries (relation packing's cp.async)
+  // The table's rows are in `order`'s sequence (row m serves output order[m], as relational_conv's
+  // sorted_tables says): tile row i reads table row m0 + i with or without an order.
+  bool rows_sorted = false;
   int split = 1;       // CTAs per row tile, one cluster (relation_split_sum); sm_90+ only past 1
   int pack = 1;        // relations per K step of the general mma.sync kernel (C_in_g * pack = BK)
 };
@@ -137,6 +140,8 @@ struct TableColumn {
   const Idx* table;
   const int64_t* s_out;  // load_output_rows
   int64_t num_in, num_relations, ldx, group_offset;
+  int64_t m0;        // the tile's first row
+  bool by_position;  // table row of tile row i is m0 + i (table_row), else its output row
 
   // Block-wide (every thread must call it: it ends in a barrier). Sets s_in[i] to the offset of the
   // group block of the x row feeding tile row i's output through relation r, or -1 (no neighbour, an
@@ -147,7 +152,7 @@ struct TableColumn {
       const int64_t o = s_out[i];
       int64_t off = -1;
       if (o >= 0) {
-        const int64_t row = __ldg(table + o * num_relations + r);
+        const int64_t row = __ldg(table + (by_position ? m0 + i : o) * num_relations + r);
         if (row >= 0 && row < num_in) off = row * ldx + group_offset;
       }
       s_in[i] = off;
@@ -200,24 +205,92 @@ struct RelationChunk {
 // put in one bank (ncu, 3.5M-row C64 layer: 3.6-way conflicts on 16% of the shared loads).
 constexpr int kRowsLd = kRelChunk + 1;
 
-// Block-wide, ends in a barrier: s_rows[i * kRowsLd + j] = the input row feeding tile row i's output
-// through relation c0 + j (or -1), and this CTA's share of the chunk's busy relations in `chunk` (those
-// congruent to its rank modulo the split; all of them without one); returns their count.
-// Entry idx = i * kRelChunk + j: a warp reads consecutive relations of one output row. int32 tables
+// Table row of tile row i of the tile from m0 whose output row is o (>= 0): m0 + i when the
+// table's rows follow the processing order (no order, or rows_sorted), else o.
+template <typename T, typename Idx>
+__device__ __forceinline__ int64_t table_row(const ConvTableArgs<T, Idx>& a, int64_t m0, int i, int64_t o) {
+  return a.order == nullptr || a.rows_sorted ? m0 + i : o;
+}
+
+// A table whose tile rows are its rows m0.. (no order, or rows_sorted) with an odd number of
+// relations up to kRelChunk is read as one block: a tile's entries are rows * R consecutive
+// int32s, 16-byte aligned (BM and m0 are multiples of 4), copied by 16-byte cp.async with no
+// per-entry index arithmetic and no wait on the output rows. s_rows then keeps the table's own row
+// stride R, which is odd and so puts any 32 consecutive rows of one relation in distinct banks.
+template <typename T, typename Idx>
+__device__ __forceinline__ bool table_as_block(const ConvTableArgs<T, Idx>& a) {
+  return sizeof(Idx) == sizeof(int32_t) && (a.order == nullptr || a.rows_sorted) && a.num_relations <= kRelChunk &&
+         (a.num_relations & 1) != 0 && (reinterpret_cast<uintptr_t>(a.table) & 15) == 0;
+}
+
+// Row stride of s_rows (load_relation_chunk).
+template <typename T, typename Idx>
+__device__ __forceinline__ int table_rows_ld(const ConvTableArgs<T, Idx>& a) {
+  return table_as_block(a) ? static_cast<int>(a.num_relations) : kRowsLd;
+}
+
+// table_as_block's read (load_relation_chunk): copies the tile's entries as 16-byte chunks, each
+// thread then checking the chunks it copied (entry 4c + q is relation (4c + q) mod R); returns this
+// thread's busy bits.
+template <int BM, int kThreads, typename T>
+__device__ __forceinline__ unsigned load_table_block(const ConvTableArgs<T, int32_t>& a, int64_t m0, int32_t* s_rows) {
+  unsigned busy = 0;
+  const int R = static_cast<int>(a.num_relations);
+  const int n = static_cast<int>(min(int64_t{BM}, a.num_out - m0)) * R, n16 = n / 4;
+  const int32_t* src = a.table + m0 * R;
+  const auto bound = static_cast<uint32_t>(min(a.num_in, int64_t{1} << 31));
+  for (int c = threadIdx.x; c < n16; c += kThreads) cp_async_16(s_rows + 4 * c, src + 4 * c, true);
+  cp_async_commit();
+  cp_async_wait<0>();
+  const int j_step = (4 * kThreads) % R;
+  int j0 = (4 * static_cast<int>(threadIdx.x)) % R;
+  for (int c = threadIdx.x; c < n16; c += kThreads) {
+    int4 v = *reinterpret_cast<const int4*>(s_rows + 4 * c);
+    int* e = &v.x;
+    int j = j0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (static_cast<uint32_t>(e[q]) < bound) {
+        busy |= 1u << j;
+      } else {
+        e[q] = -1;
+      }
+      j = j + 1 == R ? 0 : j + 1;
+    }
+    *reinterpret_cast<int4*>(s_rows + 4 * c) = v;
+    j0 += j_step;
+    if (j0 >= R) j0 -= R;
+  }
+  // The last rows' partial chunk, and the rows past num_out of the last tile.
+  for (int i = 4 * n16 + threadIdx.x; i < BM * R; i += kThreads) {
+    const int32_t v = i < n ? __ldg(src + i) : -1;
+    const bool in = static_cast<uint32_t>(v) < bound;
+    s_rows[i] = in ? v : -1;
+    if (in) busy |= 1u << (i % R);
+  }
+  return busy;
+}
+
+// Block-wide, ends in a barrier: s_rows[i * table_rows_ld(a) + j] = the input row feeding tile row
+// i's output through relation c0 + j (or -1), and this CTA's share of the chunk's busy relations in
+// `chunk` (those congruent to its rank modulo the split; all of them without one); returns their count.
+// Otherwise entry idx = i * kRelChunk + j: a warp reads consecutive relations of one row. int32 tables
 // come by 4-byte cp.async, every entry in flight at once, and each thread then checks the entries it
 // copied: a tile's table costs one memory round trip, where loads into registers cost one per few
 // entries a thread. The leading barrier keeps the previous chunk's last step reading s_rows before
 // they are overwritten.
 template <int BM, int kThreads, typename T, typename Idx>
-__device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& a, const int64_t* s_out, int64_t c0,
-                                                   int32_t* s_rows, RelationChunk& chunk) {
+__device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& a, const int64_t* s_out, int64_t m0,
+                                                   int64_t c0, int32_t* s_rows, RelationChunk& chunk) {
   // Entries per thread; with 6 or 12 warps (the 96-wide tiles) the last round is partial.
   constexpr int kEntries = BM * kRelChunk, kPerThread = (kEntries + kThreads - 1) / kThreads;
   const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
   if (threadIdx.x == 0) chunk.busy = 0;
   __syncthreads();
   unsigned busy = 0;
-  if constexpr (sizeof(Idx) == sizeof(int32_t)) {
+  if (table_as_block(a)) {
+    if constexpr (sizeof(Idx) == sizeof(int32_t)) busy = load_table_block<BM, kThreads>(a, m0, s_rows);
+  } else if constexpr (sizeof(Idx) == sizeof(int32_t)) {
     // Thread t copies relation j = t % kRelChunk of tile rows t / kRelChunk + it * kRowStep: one table
     // column pointer per thread, and an empty slot (no output row, or past the chunk's width) stored
     // as -1 rather than copied, so the check is one unsigned compare per entry (an entry is valid iff
@@ -241,7 +314,7 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
       const int64_t o = in_chunk ? s_out[i] : -1;
       int32_t* dst = s_rows + i * kRowsLd + j;
       if (o >= 0) {
-        cp_async_small<4>(dst, column + static_cast<uint64_t>(o) * relations, true);
+        cp_async_small<4>(dst, column + static_cast<uint64_t>(table_row(a, m0, i, o)) * relations, true);
       } else {
         *dst = -1;
       }
@@ -266,7 +339,8 @@ __device__ __forceinline__ int load_relation_chunk(const ConvTableArgs<T, Idx>& 
       const int idx = threadIdx.x + it * kThreads, i = idx / kRelChunk, j = idx % kRelChunk;
       if (kEntries % kThreads != 0 && idx >= kEntries) break;
       const int64_t o = j < width ? s_out[i] : -1;
-      const int64_t v = o >= 0 ? static_cast<int64_t>(__ldg(a.table + o * a.num_relations + c0 + j)) : -1;
+      const int64_t v =
+          o >= 0 ? static_cast<int64_t>(__ldg(a.table + table_row(a, m0, i, o) * a.num_relations + c0 + j)) : -1;
       const int32_t row = v >= 0 && v < a.num_in ? static_cast<int32_t>(v) : -1;  // num_in fits int32
       s_rows[i * kRowsLd + j] = row;
       if (row >= 0) busy |= 1u << j;
@@ -304,15 +378,17 @@ struct TableMmaSmem {
 constexpr int blocks_per_sm(int bytes) { return (228 * 1024) / (bytes + 1024); }
 
 // Blocks per SM that ptxas must fit in registers: as many as shared memory allows (the stages and
-// rows, the static s_out and s_chunk) for 64-row tiles, none for 128-row tiles, which spill under
-// that cap. The 64 x 16 C16 kernel: 96 -> 80 registers, 5 -> 6 blocks per SM; H200, cached C16 fp16
-// forward of a batch of four 64-beam scans 58.0 -> 53.6 us. The 64 x 32 and 64 x 64 kernels lose
-// their spills.
+// rows, the static s_out and s_chunk) for 64-row tiles and for 128-row tiles up to 96 columns, none
+// for the 128 x 128 tiles. The 64 x 16 C16 kernel: 96 -> 80 registers, 5 -> 6 blocks per SM; H200,
+// cached C16 fp16 forward of a batch of four 64-beam scans 58.0 -> 53.6 us. The 64 x 32 and 64 x 64
+// kernels lose their spills. The 128 x 64 and 128 x 96 kernels keep three and two blocks (80
+// registers, no spills), where the block read of the table (load_table_block) took the ones that
+// read W^T in place to 99-100 registers and a block less per SM.
 template <typename T, int BM, int BN, int BK, int kStages, bool kWeightT>
 constexpr int table_mma_min_blocks() {
   constexpr int kBytes = TableMmaSmem<T, BM, BN, BK, kStages, kWeightT>::kBytes +
                          BM * static_cast<int>(sizeof(int64_t)) + static_cast<int>(sizeof(RelationChunk));
-  return BM == 64 ? blocks_per_sm(kBytes) : 0;
+  return BM == 64 || BN <= 96 ? blocks_per_sm(kBytes) : 0;
 }
 
 // kWeightT (whole tiles of 16-bit types only): a.weight is W^T's storage, and the B stages hold
@@ -330,7 +406,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, table_mma_min_bloc
   constexpr int kLdA = Smem::kLdA, kLdB = Smem::kLdB;
   extern __shared__ __align__(16) unsigned char smem[];
   T* stages = reinterpret_cast<T*>(smem);
-  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kStages * Smem::kStageBytes);  // [BM][kRowsLd]
+  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + kStages * Smem::kStageBytes);  // [BM][rows_ld]
+  const int rows_ld = table_rows_ld(a);
   __shared__ RelationChunk s_chunk;
   __shared__ int64_t s_out[BM];  // output row of each tile row (table_output_row)
 
@@ -356,7 +433,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, table_mma_min_bloc
   // barrier in load_relation_chunk orders these stores before the first cp.async).
   if (pack > 1 && slot > cin) zero_shared<kThreads>(smem, kStages * Smem::kStageBytes);
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int count = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk);
+    const int count = load_relation_chunk<BM, kThreads>(a, s_out, m0, c0, s_rows, s_chunk);
     const int steps = pack > 1 ? (count + pack - 1) / pack : count * k_steps;
 
     // Starts the loads of the next step (in step order) into the next stage.
@@ -376,7 +453,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, table_mma_min_bloc
           const auto ldx32 = static_cast<uint32_t>(ldx);
           for (int e = threadIdx.x; e < BM * pack; e += kThreads) {
             const int q = e / BM, i = e % BM;
-            const int32_t row = first + q < count ? s_rows[i * kRowsLd + s_chunk.list[first + q]] : -1;
+            const int32_t row = first + q < count ? s_rows[i * rows_ld + s_chunk.list[first + q]] : -1;
             T* dst = As + i * kLdA + q * slot;
             const T* src = row >= 0 ? a.x + goff + static_cast<uint64_t>(static_cast<uint32_t>(row)) * ldx32 : a.x;
             if (chunk == 32) {
@@ -416,7 +493,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, table_mma_min_bloc
         const T* xk = a.x + goff + k0;
         const auto ldx32 = static_cast<uint32_t>(ldx);
         a_loader.load(As, kLdA, [&](int i) {
-          const int32_t row = s_rows[i * kRowsLd + j];
+          const int32_t row = s_rows[i * rows_ld + j];
           const uint32_t r = row >= 0 ? static_cast<uint32_t>(row) : 0u;
           return typename decltype(a_loader)::Row{xk + static_cast<uint64_t>(r) * ldx32, row >= 0};
         });
@@ -430,7 +507,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, table_mma_min_bloc
         return;
       }
       const auto a_rows = [&](int i) {
-        const int32_t row = s_rows[i * kRowsLd + j];
+        const int32_t row = s_rows[i * rows_ld + j];
         return row >= 0 ? row * ldx + goff : int64_t{-1};
       };
       const auto b_rows = [&](int k) { return k0 + k < cin ? int64_t{k0 + k} * cout : int64_t{-1}; };
@@ -524,8 +601,8 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
   const int cin = a.cin_g, cout = a.cout_g;
   const int64_t m0 = table_tile_row0(BM, 1), ldo = int64_t{a.groups} * cout;
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
-  const TableColumn<BM, Idx> column{a.table, s_out, a.num_in, a.num_relations, int64_t{a.groups} * cin,
-                                    int64_t{g} * cin};
+  const TableColumn<BM, Idx> column{a.table,  s_out, a.num_in, a.num_relations, int64_t{a.groups} * cin,
+                                    int64_t{g} * cin, m0, a.order == nullptr || a.rows_sorted};
   const int tm = threadIdx.x / (BN / TN), tn = threadIdx.x % (BN / TN);
   SimtThreadTile<T, BM, BN, TM, TN> tile;
   tile.zero();

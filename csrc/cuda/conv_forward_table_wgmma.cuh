@@ -101,7 +101,8 @@ __global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages, kWe
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   E* smem_a = reinterpret_cast<E*>(smem);
   E* smem_b = reinterpret_cast<E*>(smem + Cfg::kBytesA);
-  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + Cfg::kBytesA + Cfg::kBytesB);  // [BM][kRowsLd]
+  int32_t* s_rows = reinterpret_cast<int32_t*>(smem + Cfg::kBytesA + Cfg::kBytesB);  // [BM][rows_ld]
+  const int rows_ld = table_rows_ld(a);
   int64_t* s_out = reinterpret_cast<int64_t*>(smem + Cfg::kBytesA + Cfg::kBytesB + Cfg::kBytesRows);
   __shared__ RelationChunk s_chunk;
 
@@ -122,7 +123,7 @@ __global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages, kWe
 
   int load_stage = 0, mma_stage = 0;
   for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, c0, s_rows, s_chunk) * k_steps;
+    const int steps = load_relation_chunk<BM, kThreads>(a, s_out, m0, c0, s_rows, s_chunk) * k_steps;
 
     int load_j = 0, load_k = 0;
     const auto issue_next = [&] {
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(256, (WgmmaTableConfig<T, BM, BN, kStages, kWe
 #pragma unroll
       for (int it = 0; it < BM * 8 / kThreads; ++it) {
         const int idx = threadIdx.x + it * kThreads, i = idx / 8, c = (idx % 8) * 8;
-        const int32_t row = s_rows[i * kRowsLd + j];
+        const int32_t row = s_rows[i * rows_ld + j];
         const uint32_t r = row >= 0 ? static_cast<uint32_t>(row) : 0u;
         T* dst = reinterpret_cast<T*>(raw_pointer_cast(&sA(i, c, stage)));
         cp_async_16(dst, xk + static_cast<uint64_t>(r) * ldx32 + c, row >= 0);

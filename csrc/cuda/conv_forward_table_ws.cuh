@@ -90,7 +90,7 @@ __device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* bar) {
 // also waits for the thread's stage copies still in flight, which the consumers need anyway.
 template <int BM, int kThreads, typename T>
 __device__ __forceinline__ int producer_relation_chunk(const ConvTableArgs<T, int32_t>& a, const int64_t* out_rows,
-                                                       int64_t c0, int32_t* s_rows, RelationChunk& chunk) {
+                                                       int64_t m0, int64_t c0, int32_t* s_rows, RelationChunk& chunk) {
   static_assert(kRelChunk == 32, "one lane per relation of the chunk");
   constexpr int kPasses = BM * kRelChunk / kThreads, kWarps = kThreads / 32, kLd = BM + 1;
   const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
@@ -102,7 +102,8 @@ __device__ __forceinline__ int producer_relation_chunk(const ConvTableArgs<T, in
     const int i = row0 + kWarps * it;
     const int64_t o = out_rows[i];
     const bool in = o >= 0 && lane < width;
-    cp_async_small<4>(s_rows + lane * kLd + i, in ? a.table + o * a.num_relations + c0 + lane : a.table, in);
+    const int32_t* src = in ? a.table + table_row(a, m0, i, o) * a.num_relations + c0 + lane : a.table;
+    cp_async_small<4>(s_rows + lane * kLd + i, src, in);
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   bool used = false;
@@ -248,7 +249,7 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
         published_last = flag & kStepLast;
       };
       for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-        const int busy = producer_relation_chunk<BM, kThreadsP>(a, out_rows, c0, s_rows, s_chunk);
+        const int busy = producer_relation_chunk<BM, kThreadsP>(a, out_rows, m0, c0, s_rows, s_chunk);
         const bool last_chunk = c0 + kRelChunk >= a.num_relations;
         for (int jj = 0; jj < busy; ++jj) {
           const int j = s_chunk.list[jj];

@@ -151,7 +151,7 @@ void fill_pair_args(Args& a, const at::Tensor& in_index, const at::Tensor& out_i
 // The output-stationary path (see conv_forward_table.cuh); writes every output element itself.
 // The epilogue (bias, then ReLU) runs inside the kernel; an output with no work still gets it.
 at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& table,
-                                      const std::optional<at::Tensor>& order, const ConvShape& s,
+                                      const std::optional<at::Tensor>& order, bool rows_sorted, const ConvShape& s,
                                       int64_t num_out, const std::optional<at::Tensor>& bias, bool relu) {
   const int64_t cout = s.groups * s.cout_g;
   if (num_out == 0 || s.cout_g == 0) return at::empty({num_out, cout}, x.options());
@@ -188,6 +188,7 @@ at::Tensor relational_conv_table_cuda(const at::Tensor& x, const at::Tensor& wei
     a.x = ptr<T>(xc);
     a.table = ptr<Idx>(tc);
     a.order = oc ? ptr<Idx>(*oc) : nullptr;
+    a.rows_sorted = rows_sorted;
     a.bias = bc ? ptr<T>(*bc) : nullptr;
     a.relu = relu;
     a.out = reinterpret_cast<T*>(out.mutable_data_ptr());
@@ -252,7 +253,7 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
                                 const std::optional<at::Tensor>& neighbor_table,
                                 const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
                                 bool relu, const std::optional<at::Tensor>& transposed_table,
-                                const std::optional<at::Tensor>& transposed_order) {
+                                const std::optional<at::Tensor>& transposed_order, bool sorted_tables) {
   // A map built as a neighbour table passes no pairs to an inference forward (pairs_absent).
   const bool table_only = pairs_absent(neighbor_table, in_index, out_index, rel_ptr);
   const ConvShape s = check_conv_args(x, weight, in_index, out_index, rel_ptr, scale, table_only);
@@ -263,7 +264,7 @@ at::Tensor relational_conv_cuda(const at::Tensor& x, const at::Tensor& weight, c
   check_bias(bias, x, s.groups * s.cout_g);
   const c10::cuda::CUDAGuard guard(x.device());
   if (neighbor_table.has_value()) {
-    return relational_conv_table_cuda(x, weight, *neighbor_table, table_order, s, num_out, bias, relu);
+    return relational_conv_table_cuda(x, weight, *neighbor_table, table_order, sorted_tables, s, num_out, bias, relu);
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // float32/float64 accumulate straight into the output; half/bfloat16 into an fp32 buffer, cast at the end.

@@ -22,7 +22,7 @@ at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at
                          const std::optional<at::Tensor>& neighbor_table,
                          const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
                          bool relu, const std::optional<at::Tensor>& transposed_table,
-                         const std::optional<at::Tensor>& transposed_order) {
+                         const std::optional<at::Tensor>& transposed_order, bool sorted_tables) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
   const auto dtype = at::autocast::get_autocast_dtype(kDevice);
   return ConvCall{at::autocast::cached_cast(dtype, x, kDevice),
@@ -37,7 +37,8 @@ at::Tensor conv_autocast(const at::Tensor& x, const at::Tensor& weight, const at
                   at::autocast::cached_cast(dtype, bias, kDevice),
                   relu,
                   transposed_table,
-                  transposed_order}
+                  transposed_order,
+                  sorted_tables}
       .run();
 }
 

@@ -77,7 +77,7 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
                             const std::optional<at::Tensor>& neighbor_table,
                             const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
                             bool relu, const std::optional<at::Tensor>& transposed_table,
-                            const std::optional<at::Tensor>& transposed_order) {
+                            const std::optional<at::Tensor>& transposed_order, bool sorted_tables) {
     at::AutoDispatchBelowADInplaceOrView below;
     // A float32 weight with half / bfloat16 x (a parameter under autocast, see autocast.cpp) runs in
     // x's dtype: cast here, unrecorded; the gradient comes back in x's dtype and the autograd engine
@@ -86,8 +86,9 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     // recorded and reaches the weight. Other mismatches reach the checks.
     const at::Tensor w = weight_for_op(x, weight);
     const bool mixed = !w.is_same(weight);
-    at::Tensor out = ConvCall{x, w, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,
-                              table_order, bias, relu, transposed_table, transposed_order}
+    at::Tensor out = ConvCall{x,           w,    in_index, out_index,        rel_ptr,          scale,
+                              std::move(num_out), neighbor_table, table_order, bias, relu, transposed_table,
+                              transposed_order,   sorted_tables}
                          .run();
     // The transposed table serves the input gradient on CUDA only: the CPU kernel reads the pairs.
     const bool table_dgrad = transposed_table.has_value() && transposed_table->is_cuda();
@@ -112,6 +113,7 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     if (mixed) saved[kCastWeight] = w;
     ctx->save_for_backward(saved);
     ctx->saved_data["num_in"] = x.sym_size(0);
+    ctx->saved_data["sorted_tables"] = sorted_tables;
     // needs_input_grad counts the tensor inputs actually given (absent optionals take no slot): the
     // bias comes after x, weight, the three pair tensors and whichever of scale, table, order exist.
     ctx->saved_data["bias_edge"] =
@@ -135,6 +137,9 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     at::Tensor in_index = saved[kInIndex], out_index = saved[kOutIndex], rel_ptr = saved[kRelPtr];
     const auto pairs = [&] {
       if (rel_ptr.sym_numel() == 0 && table.defined()) {
+        // A table in its order's row sequence lists processing positions, not output rows.
+        RELCONV_CHECK_VALUE(!ctx->saved_data["sorted_tables"].toBool(),
+                            "relational_conv: with sorted_tables, a gradient that reads the pairs needs them passed");
         std::tie(in_index, out_index, rel_ptr) = table_pairs_op().call(table);
       }
     };
@@ -161,7 +166,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
                           .neighbor_table = transposed_table,
                           .table_order = as_optional(saved[kTransposedOrder]),
                           .transposed_table = table,
-                          .transposed_order = as_optional(saved[kTableOrder])}
+                          .transposed_order = as_optional(saved[kTableOrder]),
+                          .sorted_tables = ctx->saved_data["sorted_tables"].toBool()}
                      .run();
       } else {
         pairs();
@@ -190,9 +196,9 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       grad_bias = grad.sum(0);
     }
     // One entry per forward argument: x, weight, in_index, out_index, rel_ptr, scale, num_out,
-    // neighbor_table, table_order, bias, relu, transposed_table, transposed_order.
+    // neighbor_table, table_order, bias, relu, transposed_table, transposed_order, sorted_tables.
     return {grad_x,       grad_w,       at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), grad_bias,    at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), grad_bias,    at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -245,17 +251,18 @@ at::Tensor conv_autograd(const at::Tensor& x, const at::Tensor& weight, const at
                          const std::optional<at::Tensor>& neighbor_table,
                          const std::optional<at::Tensor>& table_order, const std::optional<at::Tensor>& bias,
                          bool relu, const std::optional<at::Tensor>& transposed_table,
-                         const std::optional<at::Tensor>& transposed_order) {
+                         const std::optional<at::Tensor>& transposed_order, bool sorted_tables) {
   if (!differentiated(at::GradMode::is_enabled(), x, weight, bias)) {
     // Nothing to record: the op below autograd directly. Function::apply builds its node, context
     // and output wrapping even when it records nothing, several us of host time per inference layer.
     at::AutoDispatchBelowADInplaceOrView below;
-    return ConvCall{x,        weight_for_op(x, weight), in_index, out_index, rel_ptr, scale, std::move(num_out),
-                    neighbor_table, table_order, bias, relu, transposed_table, transposed_order}
+    return ConvCall{x,          weight_for_op(x, weight), in_index, out_index, rel_ptr, scale, std::move(num_out),
+                    neighbor_table, table_order, bias, relu, transposed_table, transposed_order,
+                    sorted_tables}
         .run();
   }
   return ConvFunction::apply(x, weight, in_index, out_index, rel_ptr, scale, std::move(num_out), neighbor_table,
-                             table_order, bias, relu, transposed_table, transposed_order);
+                             table_order, bias, relu, transposed_table, transposed_order, sorted_tables);
 }
 
 at::Tensor weight_grad_autograd(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,

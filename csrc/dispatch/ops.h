@@ -18,7 +18,7 @@ using ConvSignature = at::Tensor(const at::Tensor& x, const at::Tensor& weight, 
                                  const std::optional<at::Tensor>& table_order,
                                  const std::optional<at::Tensor>& bias, bool relu,
                                  const std::optional<at::Tensor>& transposed_table,
-                                 const std::optional<at::Tensor>& transposed_order);
+                                 const std::optional<at::Tensor>& transposed_order, bool sorted_tables);
 using WeightGradSignature = at::Tensor(const at::Tensor& x, const at::Tensor& grad_out, const at::Tensor& in_index,
                                        const at::Tensor& out_index, const at::Tensor& rel_ptr,
                                        const std::optional<at::Tensor>& scale, int64_t groups,

@@ -65,7 +65,7 @@ class PreparedConv {
            at::Tensor rel_ptr, std::optional<at::Tensor> scale, int64_t num_out,
            std::optional<at::Tensor> table, std::optional<at::Tensor> table_order,
            const std::optional<at::Tensor>& bias, bool relu, std::optional<at::Tensor> transposed_table,
-           std::optional<at::Tensor> transposed_order)
+           std::optional<at::Tensor> transposed_order, bool sorted_tables)
       : state_(CallState::of(x, weight, bias)),
         call_{.in_index = std::move(in_index),
               .out_index = std::move(out_index),
@@ -76,7 +76,8 @@ class PreparedConv {
               .table_order = std::move(table_order),
               .relu = relu,
               .transposed_table = std::move(transposed_table),
-              .transposed_order = std::move(transposed_order)} {
+              .transposed_order = std::move(transposed_order),
+              .sorted_tables = sorted_tables} {
     RELCONV_CHECK_VALUE(state_.x_rows >= 0, "PreparedConv: x must be 2-D, got ", x.dim(), " dimensions");
   }
 
@@ -87,7 +88,7 @@ class PreparedConv {
     // cost a reference count per tensor on every call.
     return conv_op().call(x, weight, call_.in_index, call_.out_index, call_.rel_ptr, call_.scale, call_.num_out,
                           call_.neighbor_table, call_.table_order, bias, call_.relu, call_.transposed_table,
-                          call_.transposed_order);
+                          call_.transposed_order, call_.sorted_tables);
   }
 
  private:
@@ -104,7 +105,8 @@ void def_prepared_conv(pybind11::module_& m) {
                        "None when the call state it was prepared under no longer holds")
       .def(py::init<const at::Tensor&, const at::Tensor&, at::Tensor, at::Tensor, at::Tensor,
                     std::optional<at::Tensor>, int64_t, std::optional<at::Tensor>, std::optional<at::Tensor>,
-                    const std::optional<at::Tensor>&, bool, std::optional<at::Tensor>, std::optional<at::Tensor>>())
+                    const std::optional<at::Tensor>&, bool, std::optional<at::Tensor>, std::optional<at::Tensor>,
+                    bool>())
       .def("run", &PreparedConv::run, py::arg("x"), py::arg("weight"), py::arg("bias"));
 }
 

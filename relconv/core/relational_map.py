@@ -336,6 +336,8 @@ class RelationalMap:
                     ("transposed_neighbor_table", "neighbor_table"),
                     ("table_order", "transposed_table_order"),
                     ("transposed_table_order", "table_order"),
+                    ("table_in_order", "transposed_table_in_order"),
+                    ("transposed_table_in_order", "table_in_order"),
                 )
                 for mine, theirs in swapped:
                     if mine in self._cache:

@@ -117,6 +117,7 @@ class ConvArgs(NamedTuple):
     relu: bool = False
     transposed_table: Tensor | None = None
     transposed_order: Tensor | None = None
+    sorted_tables: bool = False
 
 
 # tuple.__new__ fills a ConvArgs without the Python frame of its generated __new__ (host time per call).
@@ -170,11 +171,12 @@ def conv_call(
         rmap, x, dataflow, c_in // groups, c_out // groups, x_grad, w_grad
     )
     if table_fwd:
-        table, order, transposed, transposed_order, in_index, out_index, rel_ptr = views.table_views(
-            rmap, weight, table_dgrad, pairs, dtype
+        table, order, transposed, transposed_order, in_order, in_index, out_index, rel_ptr = (
+            views.table_views(rmap, weight, table_dgrad, pairs, dtype)
         )
     else:
         table = order = transposed = transposed_order = None
+        in_order = False
         in_index, out_index, rel_ptr = views.kernel_pairs(rmap)
     args = _new_args(
         ConvArgs,
@@ -192,6 +194,7 @@ def conv_call(
             activation == "relu",
             transposed,
             transposed_order,
+            in_order,
         ),
     )
     return args, (x, weight, b)
@@ -204,9 +207,18 @@ def prepare(args: ConvArgs, rmap: RelationalMap) -> Callable[[Tensor, Tensor, Te
     `conv_call` would still decide on a later call is decided now: the tables' schedules are sorted
     (a layer that runs again over the same map is the reuse that pays for the sort)."""
     if args.neighbor_table is not None:
-        args = args._replace(table_order=views.table_order(rmap))
-    if args.transposed_table is not None:
-        args = args._replace(transposed_order=views.transposed_table_order(rmap, threshold=0.0))
+        order = views.table_order(rmap)
+        back_order = None
+        if args.transposed_table is not None:
+            back_order = views.transposed_table_order(rmap, threshold=0.0)
+        table, back = views.tables_in_order(rmap, order, back_order)
+        args = args._replace(
+            neighbor_table=table,
+            table_order=order,
+            transposed_table=args.transposed_table if back is None else back,
+            transposed_order=back_order,
+            sorted_tables=True,
+        )
     return _C.PreparedConv(*args).run
 
 
@@ -302,6 +314,7 @@ def _conv_fake(
     relu=False,
     transposed_table=None,
     transposed_order=None,
+    sorted_tables=False,
 ):
     if weight.dim() not in (3, 4):
         raise ValueError(

@@ -23,7 +23,7 @@ def _conv_args(device, requires_grad=False):
     w = torch.randn(4, 6, 5, device=device, requires_grad=requires_grad)
     b = torch.randn(5, device=device, requires_grad=requires_grad)
     pairs = rmap.kernel_pairs()
-    return (x, w, *pairs, None, rmap.num_out, None, None, b, True, None, None)
+    return (x, w, *pairs, None, rmap.num_out, None, None, b, True, None, None, False)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -66,7 +66,7 @@ def test_eager_calls_take_the_direct_entry(monkeypatch):
     monkeypatch.setattr(rc, "_C", Counting)
     rmap = random_map(30, 20, 4, 200, with_scale=False)
     relational_conv(torch.randn(30, 6), torch.randn(4, 6, 5), rmap)
-    assert calls == [13]
+    assert calls == [14]
 
 
 def test_torch_function_modes_see_the_op():

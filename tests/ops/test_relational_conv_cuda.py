@@ -4,11 +4,13 @@ import pytest
 import torch
 
 from relconv import RelationalMap, relational_conv
+from relconv.ops.map_views import table_order, transposed_table_order
 from relconv.ops.reference import relational_conv_reference
 from tests.conftest import allow_tf32, no_host_sync
 from tests.ops.maps import TF32_TOLERANCE, TOLERANCE, random_map, rel_error
 
 pytestmark = pytest.mark.cuda
+CONV = torch.ops.relconv.relational_conv.default
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
@@ -185,6 +187,64 @@ def test_small_input_channels_pack_relations(
     tolerance = TF32_TOLERANCE if tf32 else TOLERANCE[dtype]
     assert rel_error(out, ref) < tolerance
     assert not out[rmap.neighbor_table().lt(0).all(1)].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("num_relations", [3, 8, 9, 27])  # odd counts: one block of entries a tile
+@pytest.mark.parametrize("num_out", [1, 63, 333])  # partial tiles; rows * R not a multiple of 4
+@pytest.mark.parametrize("channels", [16, 64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_table_rows_as_they_are_through_an_order_or_in_its_sequence(
+    deterministic, dtype, num_relations, num_out, channels, index_dtype
+):
+    """A table without an order, with one, and copied into its order's row sequence
+    (sorted_tables): the same output, bit for bit, and against float64."""
+    rmap = unique_slot_map(300, num_out, num_relations, 0.4, index_dtype)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(300, channels, generator=g, dtype=torch.float64).to("cuda", dtype)
+    w = grouped_weight(num_relations, 1, channels, channels, dtype)
+    table, pairs = rmap.neighbor_table(), rmap.kernel_pairs()
+    order = table_order(rmap)
+    plain = CONV(x, w, *pairs, None, num_out, table)
+    assert torch.equal(CONV(x, w, *pairs, None, num_out, table, order), plain)
+    in_order = table.index_select(0, order)
+    assert torch.equal(CONV(x, w, *pairs, None, num_out, in_order, order, sorted_tables=True), plain)
+    ref = relational_conv_reference(x.double(), w.double(), rmap)
+    assert rel_error(plain, ref) < TOLERANCE[dtype]
+
+
+def injective_map(n, num_relations, density, seed=0):
+    """Map on n rows, injective per relation both ways: each relation's outputs take distinct inputs."""
+    g = torch.Generator().manual_seed(seed)
+    filled = torch.rand(num_relations, n, generator=g) < density
+    outs = [row.nonzero().flatten() for row in filled]
+    ins = [torch.randperm(n, generator=g)[: out.numel()] for out in outs]
+    rel_ptr = torch.zeros(num_relations + 1, dtype=torch.int64)
+    torch.cumsum(filled.sum(1), 0, out=rel_ptr[1:])
+    return RelationalMap(torch.cat(ins).int(), torch.cat(outs).int(), rel_ptr, n, n, injective=True).to(
+        "cuda"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_sorted_map_passes_its_tables_in_order(deterministic, dtype):
+    """Once a map's orders exist, its calls pass copies of both tables in their orders' row
+    sequence: forward and gradients equal to those of the unsorted call, bit for bit."""
+    rmap = injective_map(2000, 27, 0.3)
+    x = torch.randn(2000, 64, device="cuda").to(dtype).requires_grad_()
+    w = grouped_weight(27, 1, 64, 64, dtype).requires_grad_()
+    up = torch.randn(2000, 64, device="cuda").to(dtype)
+    results = []
+    for _ in range(2):
+        out = relational_conv(x, w, rmap)
+        results.append((out, *torch.autograd.grad(out, (x, w), up)))
+        table_order(rmap)
+        transposed_table_order(rmap, threshold=0.0)
+    assert "table_in_order" in rmap._cache and "transposed_table_in_order" in rmap._cache
+    for a, b in zip(results[1], results[0], strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
