@@ -171,12 +171,11 @@ def conv_call(
         rmap, x, dataflow, c_in // groups, c_out // groups, x_grad, w_grad
     )
     if table_fwd:
-        table, order, transposed, transposed_order, in_order, in_index, out_index, rel_ptr = (
-            views.table_views(rmap, weight, table_dgrad, pairs, dtype)
+        table, order, transposed, transposed_order, in_index, out_index, rel_ptr = views.table_views(
+            rmap, weight, table_dgrad, pairs, dtype
         )
     else:
         table = order = transposed = transposed_order = None
-        in_order = False
         in_index, out_index, rel_ptr = views.kernel_pairs(rmap)
     args = _new_args(
         ConvArgs,
@@ -194,7 +193,7 @@ def conv_call(
             activation == "relu",
             transposed,
             transposed_order,
-            in_order,
+            False,
         ),
     )
     return args, (x, weight, b)
@@ -205,7 +204,8 @@ def prepare(args: ConvArgs, rmap: RelationalMap) -> Callable[[Tensor, Tensor, Te
     other argument bound, or returns None once the call state it was prepared under (grad mode,
     autocast, TF32 / determinism switches, operand dtypes and shapes) no longer holds. Whatever
     `conv_call` would still decide on a later call is decided now: the tables' schedules are sorted
-    (a layer that runs again over the same map is the reuse that pays for the sort)."""
+    and the tables copied in that order (sorted_tables: the kernels read a tile's entries as one
+    block), a layer that runs again over the same map being the reuse that pays for both."""
     if args.neighbor_table is not None:
         order = views.table_order(rmap)
         back_order = None

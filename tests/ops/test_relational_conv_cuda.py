@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from relconv import RelationalMap, relational_conv
-from relconv.ops.map_views import table_order, transposed_table_order
+from relconv.ops.map_views import table_order
 from relconv.ops.reference import relational_conv_reference
+from relconv.ops.relational_conv import conv_call, prepare, run_conv
 from tests.conftest import allow_tf32, no_host_sync
 from tests.ops.maps import TF32_TOLERANCE, TOLERANCE, random_map, rel_error
 
@@ -229,20 +230,20 @@ def injective_map(n, num_relations, density, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_sorted_map_passes_its_tables_in_order(deterministic, dtype):
-    """Once a map's orders exist, its calls pass copies of both tables in their orders' row
+def test_a_prepared_call_passes_the_tables_in_order(deterministic, dtype):
+    """A prepared call sorts the map and passes copies of both tables in their orders' row
     sequence: forward and gradients equal to those of the unsorted call, bit for bit."""
     rmap = injective_map(2000, 27, 0.3)
     x = torch.randn(2000, 64, device="cuda").to(dtype).requires_grad_()
     w = grouped_weight(27, 1, 64, 64, dtype).requires_grad_()
     up = torch.randn(2000, 64, device="cuda").to(dtype)
-    results = []
-    for _ in range(2):
-        out = relational_conv(x, w, rmap)
-        results.append((out, *torch.autograd.grad(out, (x, w), up)))
-        table_order(rmap)
-        transposed_table_order(rmap, threshold=0.0)
+    args, _ = conv_call(x, w, rmap)
+    assert args.table_order is None and not args.sorted_tables
+    run = prepare(args, rmap)
     assert "table_in_order" in rmap._cache and "transposed_table_in_order" in rmap._cache
+    results = []
+    for out in (run_conv((args, (x, w, None))), run(x, w, None)):
+        results.append((out, *torch.autograd.grad(out, (x, w), up)))
     for a, b in zip(results[1], results[0], strict=True):
         assert torch.equal(a, b)
 
