@@ -39,8 +39,8 @@
 //   sorted_tables  the tables given with an order hold their rows in that order: row m of
 //            neighbor_table is output table_order[m]'s, row m of transposed_table input
 //            transposed_order[m]'s (relconv's prepared calls pass such copies of a map's tables,
-//            so that the CUDA kernels read a tile's entries as one block). The CPU kernel reads the pairs,
-//            and a gradient that reads pairs needs them passed.
+//            so that the CUDA kernels read a tile's entries as one block). The CPU kernel reads
+//            the pairs, and a gradient that reads pairs needs them passed.
 //   relational_conv_add_(out, x, weight, in_index, out_index, rel_ptr, scale) -> (): adds the
 //            pairs' sum into out [num_out, G * C_out_g] (x's dtype, no overlap with x or weight) in
 //            place, num_out = out.size(0). The pair path only, not differentiable: for an
