@@ -382,17 +382,17 @@ struct TableMmaSmem {
 constexpr int blocks_per_sm(int bytes) { return (228 * 1024) / (bytes + 1024); }
 
 // Blocks per SM that ptxas must fit in registers: as many as shared memory allows (the stages and
-// rows, the static s_out and s_chunk) for 64-row tiles and for 128-row tiles up to 96 columns, none
-// for the 128 x 128 tiles. The 64 x 16 C16 kernel: 96 -> 80 registers, 5 -> 6 blocks per SM; H200,
-// cached C16 fp16 forward of a batch of four 64-beam scans 58.0 -> 53.6 us. The 64 x 32 and 64 x 64
-// kernels lose their spills. The 128 x 64 and 128 x 96 kernels keep three and two blocks (80
-// registers, no spills), where the block read of the table (load_table_block) took the ones that
-// read W^T in place to 99-100 registers and a block less per SM.
-template <typename T, int BM, int BN, int BK, int kStages, bool kWeightT>
+// rows, the static s_out and s_chunk) for 64-row tiles and for whole 128-row tiles up to 96
+// columns, none for the others. The 64 x 16 C16 kernel: 96 -> 80 registers, 5 -> 6 blocks per SM;
+// H200, cached C16 fp16 forward of a batch of four 64-beam scans 58.0 -> 53.6 us. The 64 x 32 and
+// 64 x 64 kernels lose their spills. The whole 128 x 64 and 128 x 96 kernels keep three and two
+// blocks (80 registers, no spills), where the block read of the table (load_table_block) took the
+// ones that read W^T in place to 99-100 registers and a block less per SM.
+template <typename T, int BM, int BN, int BK, int kStages, bool kFull, bool kWeightT>
 constexpr int table_mma_min_blocks() {
   constexpr int kBytes = TableMmaSmem<T, BM, BN, BK, kStages, kWeightT>::kBytes +
                          BM * static_cast<int>(sizeof(int64_t)) + static_cast<int>(sizeof(RelationChunk));
-  return BM == 64 || BN <= 96 ? blocks_per_sm(kBytes) : 0;
+  return BM == 64 || (kFull && BN <= 96) ? blocks_per_sm(kBytes) : 0;
 }
 
 // kWeightT (whole tiles of 16-bit types only): a.weight is W^T's storage, and the B stages hold
@@ -402,7 +402,7 @@ constexpr int table_mma_min_blocks() {
 // GPU time unchanged (python -m benchmarks.run --suite voxel, fwd+bwd rows).
 template <typename T, typename Idx, int BM, int BN, int BK, int WM, int WN, int kStages, bool kFull, bool kExact,
           bool kWeightT = false>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, table_mma_min_blocks<T, BM, BN, BK, kStages, kWeightT>())
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, table_mma_min_blocks<T, BM, BN, BK, kStages, kFull, kWeightT>())
     conv_forward_table_mma(const ConvTableArgs<T, Idx> a) {
   static_assert(!kWeightT || (kFull && !kExact && sizeof(T) == 2), "W^T in place: whole 16-bit tiles only");
   using Smem = TableMmaSmem<T, BM, BN, BK, kStages, kWeightT>;
