@@ -141,7 +141,7 @@ struct TableColumn {
   const int64_t* s_out;  // load_output_rows
   int64_t num_in, num_relations, ldx, group_offset;
   int64_t m0;        // the tile's first row
-  bool by_position;  // table row of tile row i is m0 + i (table_row), else its output row
+  bool by_position;  // table_by_position
 
   // Block-wide (every thread must call it: it ends in a barrier). Sets s_in[i] to the offset of the
   // group block of the x row feeding tile row i's output through relation r, or -1 (no neighbour, an
@@ -205,11 +205,17 @@ struct RelationChunk {
 // put in one bank (ncu, 3.5M-row C64 layer: 3.6-way conflicts on 16% of the shared loads).
 constexpr int kRowsLd = kRelChunk + 1;
 
-// Table row of tile row i of the tile from m0 whose output row is o (>= 0): m0 + i when the
-// table's rows follow the processing order (no order, or rows_sorted), else o.
+// Whether the table's rows follow the processing order (no order, or rows_sorted), so that tile row
+// i of the tile from m0 reads table row m0 + i rather than its output row's.
+template <typename T, typename Idx>
+__device__ __forceinline__ bool table_by_position(const ConvTableArgs<T, Idx>& a) {
+  return a.order == nullptr || a.rows_sorted;
+}
+
+// Table row of tile row i of the tile from m0 whose output row is o (>= 0).
 template <typename T, typename Idx>
 __device__ __forceinline__ int64_t table_row(const ConvTableArgs<T, Idx>& a, int64_t m0, int i, int64_t o) {
-  return a.order == nullptr || a.rows_sorted ? m0 + i : o;
+  return table_by_position(a) ? m0 + i : o;
 }
 
 // A table whose tile rows are its rows m0.. (no order, or rows_sorted) with an odd number of
@@ -223,7 +229,7 @@ __device__ __forceinline__ int64_t table_row(const ConvTableArgs<T, Idx>& a, int
 // 505.6 -> 483.2.
 template <typename T, typename Idx>
 __device__ __forceinline__ bool table_as_block(const ConvTableArgs<T, Idx>& a) {
-  return sizeof(Idx) == sizeof(int32_t) && (a.order == nullptr || a.rows_sorted) && a.num_relations <= kRelChunk &&
+  return sizeof(Idx) == sizeof(int32_t) && table_by_position(a) && a.num_relations <= kRelChunk &&
          (a.num_relations & 1) != 0 && (reinterpret_cast<uintptr_t>(a.table) & 15) == 0;
 }
 
@@ -606,7 +612,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
   const int64_t m0 = table_tile_row0(BM, 1), ldo = int64_t{a.groups} * cout;
   load_output_rows<BM>(a.order, a.num_out, m0, s_out);
   const TableColumn<BM, Idx> column{a.table,  s_out, a.num_in, a.num_relations, int64_t{a.groups} * cin,
-                                    int64_t{g} * cin, m0, a.order == nullptr || a.rows_sorted};
+                                    int64_t{g} * cin, m0, table_by_position(a)};
   const int tm = threadIdx.x / (BN / TN), tn = threadIdx.x % (BN / TN);
   SimtThreadTile<T, BM, BN, TM, TN> tile;
   tile.zero();
