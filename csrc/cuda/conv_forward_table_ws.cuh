@@ -88,9 +88,12 @@ __device__ __forceinline__ void mbar_arrive_on_copies(uint64_t* bar) {
 // entries of one row). Relation-major with a padded row, s_rows takes a warp's 32 relations of one
 // row and, in the steps, 32 rows of one relation without bank conflicts. The wait for the entries
 // also waits for the thread's stage copies still in flight, which the consumers need anyway.
-template <int BM, int kThreads, typename T>
+// kByPosition (a table in its order's row sequence, rows_sorted): tile row i reads table row
+// tile_m0 + i instead of its output row's.
+template <int BM, int kThreads, bool kByPosition, typename T>
 __device__ __forceinline__ int producer_relation_chunk(const ConvTableArgs<T, int32_t>& a, const int64_t* out_rows,
-                                                       int64_t m0, int64_t c0, int32_t* s_rows, RelationChunk& chunk) {
+                                                       const int64_t* tile_m0, int64_t c0, int32_t* s_rows,
+                                                       RelationChunk& chunk) {
   static_assert(kRelChunk == 32, "one lane per relation of the chunk");
   constexpr int kPasses = BM * kRelChunk / kThreads, kWarps = kThreads / 32, kLd = BM + 1;
   const int width = static_cast<int>(min(int64_t{kRelChunk}, a.num_relations - c0));
@@ -102,7 +105,8 @@ __device__ __forceinline__ int producer_relation_chunk(const ConvTableArgs<T, in
     const int i = row0 + kWarps * it;
     const int64_t o = out_rows[i];
     const bool in = o >= 0 && lane < width;
-    const int32_t* src = in ? a.table + table_row(a, m0, i, o) * a.num_relations + c0 + lane : a.table;
+    const int64_t row = kByPosition ? *tile_m0 + i : o;
+    const int32_t* src = in ? a.table + row * a.num_relations + c0 + lane : a.table;
     cp_async_small<4>(s_rows + lane * kLd + i, src, in);
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -128,7 +132,13 @@ __device__ __forceinline__ int producer_relation_chunk(const ConvTableArgs<T, in
   return chunk.count;
 }
 
-template <typename T, int BM, int BN, int kStages, bool kWeightT>
+// kByPosition: a.rows_sorted with an order (producer_relation_chunk). A template argument rather
+// than a test per table entry: the test alone took the 128 x 256 kernel's producers past their 40
+// registers (spills), and MinkUNet 1.0's 128 x 256 layers from 589 to 687 us even without them
+// (H200, batch4-64beam fp16). The kByPosition kernel itself is 10-17% slower than the other on
+// the same sorted table (cached C128 / C256 fp16 forwards, batch4-64beam and aggregate-1m), so
+// relconv.ops.prepare gives it no copies in order (planning.persistent_table_kernel).
+template <typename T, int BM, int BN, int kStages, bool kWeightT, bool kByPosition>
 __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::kThreads), 1) conv_forward_table_ws(const ConvTableArgs<T, int32_t> a, int64_t num_work, int* work_counter) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
@@ -153,6 +163,9 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
   __shared__ RelationChunk s_chunk;
   __shared__ int64_t s_work[2];  // work item of the tile in each s_out slot (for the consumers)
   __shared__ int64_t s_next;     // the producers' next work item, drawn when a tile starts
+  // The producers' current tile's first row, for kByPosition's table reads: read from shared
+  // memory there, since a register holding it through the tile's steps makes the producers spill.
+  __shared__ int64_t s_m0;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -233,6 +246,7 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
       if (threadIdx.x < BM) out_rows[threadIdx.x] = table_output_row(a.order, a.num_out, m0 + threadIdx.x);
       if (threadIdx.x == 0) {
         s_work[slot] = w;
+        if constexpr (kByPosition) s_m0 = m0;
         s_next = gridDim.x + atomicAdd(work_counter, 1);  // drawn now, so that it is there by the tile's end
       }
       ProducerSync<Cfg::kProducerThreads>{}();
@@ -249,7 +263,7 @@ __global__ void __launch_bounds__((WsTableConfig<T, BM, BN, kStages, kWeightT>::
         published_last = flag & kStepLast;
       };
       for (int64_t c0 = 0; c0 < a.num_relations; c0 += kRelChunk) {
-        const int busy = producer_relation_chunk<BM, kThreadsP>(a, out_rows, m0, c0, s_rows, s_chunk);
+        const int busy = producer_relation_chunk<BM, kThreadsP, kByPosition>(a, out_rows, &s_m0, c0, s_rows, s_chunk);
         const bool last_chunk = c0 + kRelChunk >= a.num_relations;
         for (int jj = 0; jj < busy; ++jj) {
           const int j = s_chunk.list[jj];

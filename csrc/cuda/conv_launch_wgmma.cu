@@ -61,10 +61,10 @@ at::Tensor work_counters(cudaStream_t stream) {
   return pair;
 }
 
-template <typename T, int BN, int kStages, bool kWeightT>
-void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+template <typename T, int BN, int kStages, bool kWeightT, bool kByPosition>
+void launch_ws_kernel(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   using Cfg = cuda::WsTableConfig<T, 128, BN, kStages, kWeightT>;
-  constexpr auto kernel = cuda::conv_forward_table_ws<T, 128, BN, kStages, kWeightT>;
+  constexpr auto kernel = cuda::conv_forward_table_ws<T, 128, BN, kStages, kWeightT, kByPosition>;
   allow_dynamic_smem<kernel>(Cfg::kBytes);
   cuda::ConvTableArgs<T, int32_t> args = a;
   args.n_tiles = a.cout_g / BN;
@@ -75,6 +75,15 @@ void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
   const at::Tensor counters = work_counters(stream);
   kernel<<<grid, Cfg::kThreads, Cfg::kBytes, stream>>>(args, work, counters.mutable_data_ptr<int>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int BN, int kStages, bool kWeightT>
+void launch_ws(const cuda::ConvTableArgs<T, int32_t>& a, cudaStream_t stream) {
+  if (a.rows_sorted && a.order != nullptr) {
+    launch_ws_kernel<T, BN, kStages, kWeightT, true>(a, stream);
+  } else {
+    launch_ws_kernel<T, BN, kStages, kWeightT, false>(a, stream);
+  }
 }
 
 template <typename T, bool kWeightT>

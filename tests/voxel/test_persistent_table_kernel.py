@@ -36,10 +36,10 @@ def _inputs(rmap, groups, cin, cout, dtype, seed=0):
     return x, w, bias
 
 
-def _run(x, w, table, order, bias, num_out):
+def _run(x, w, table, order, bias, num_out, sorted_tables=False):
     none = torch.empty(0, dtype=table.dtype, device="cuda")
     ptr = torch.empty(0, dtype=torch.int64, device="cuda")
-    return _conv(x, w, none, none, ptr, None, num_out, table, order, bias, True)
+    return _conv(x, w, none, none, ptr, None, num_out, table, order, bias, True, sorted_tables=sorted_tables)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -51,7 +51,11 @@ def test_large_tables_match_the_reference(dtype, groups, cin, cout):
     table = rmap.neighbor_table()
     plain = _run(x, w, table, None, bias, rmap.num_out)
     # A schedule only: every output row sums the same relations in the same order either way.
-    assert torch.equal(plain, _run(x, w, table, rmap.table_order(), bias, rmap.num_out))
+    order = rmap.table_order()
+    assert torch.equal(plain, _run(x, w, table, order, bias, rmap.num_out))
+    # The table copied into the order's row sequence: tile rows read their table rows by position.
+    in_order = table.index_select(0, order)
+    assert torch.equal(plain, _run(x, w, in_order, order, bias, rmap.num_out, sorted_tables=True))
     ref = (relational_conv_reference(x.double(), w.double(), rmap, groups) + bias.double()).relu()
     assert (plain.double() - ref).abs().max() / ref.abs().max() < TOLERANCE[dtype]
     if torch.cuda.get_device_capability() == (9, 0):
@@ -65,7 +69,10 @@ def test_tables_past_100k_rows_match_the_reference(cout):
     rmap = _map(seed=7, points=200000, extent=100)
     assert rmap.num_out > 100000
     x, w, bias = _inputs(rmap, 1, 64, cout, torch.float16, seed=4)
-    got = _run(x, w, rmap.neighbor_table(), rmap.table_order(), bias, rmap.num_out)
+    table, order = rmap.neighbor_table(), rmap.table_order()
+    got = _run(x, w, table, order, bias, rmap.num_out)
+    in_order = table.index_select(0, order)
+    assert torch.equal(got, _run(x, w, in_order, order, bias, rmap.num_out, sorted_tables=True))
     ref = (relational_conv_reference(x.double(), w.double(), rmap) + bias.double()).relu()
     assert (got.double() - ref).abs().max() / ref.abs().max() < TOLERANCE[torch.float16]
     if torch.cuda.get_device_capability() == (9, 0):
