@@ -12,7 +12,7 @@ from relconv._ext import _C, call_op
 from relconv.core.relational_map import RelationalMap
 from relconv.ops import map_views as views
 from relconv.ops.dataflow import Dataflow
-from relconv.ops.planning import decide
+from relconv.ops.planning import decide, persistent_table_kernel
 
 ACTIVATIONS = (None, "relu")
 
@@ -204,21 +204,22 @@ def prepare(args: ConvArgs, rmap: RelationalMap) -> Callable[[Tensor, Tensor, Te
     other argument bound, or returns None once the call state it was prepared under (grad mode,
     autocast, TF32 / determinism switches, operand dtypes and shapes) no longer holds. Whatever
     `conv_call` would still decide on a later call is decided now: the tables' schedules are sorted
-    and the tables copied in that order (sorted_tables: the kernels read a tile's entries as one
-    block), a layer that runs again over the same map being the reuse that pays for both."""
+    and, on CUDA, the tables copied in that order (sorted_tables: the kernels read a tile's entries
+    as one block), a layer that runs again over the same map being the reuse that pays for both.
+    No copies where the persistent warp-specialised kernel runs (persistent_table_kernel), which
+    reads them slower than the tables through their orders."""
     if args.neighbor_table is not None:
+        transposed = args.transposed_table is not None
         order = views.table_order(rmap)
-        back_order = None
-        if args.transposed_table is not None:
-            back_order = views.transposed_table_order(rmap, threshold=0.0)
-        table, back = views.tables_in_order(rmap, order, back_order)
-        args = args._replace(
-            neighbor_table=table,
-            table_order=order,
-            transposed_table=args.transposed_table if back is None else back,
-            transposed_order=back_order,
-            sorted_tables=True,
-        )
+        back_order = views.transposed_table_order(rmap, threshold=0.0) if transposed else None
+        args = args._replace(table_order=order, transposed_order=back_order)
+        if args.x.is_cuda and not persistent_table_kernel(rmap, args.x, args.weight, transposed):
+            table, back = views.tables_in_order(rmap, order, back_order)
+            args = args._replace(
+                neighbor_table=table,
+                transposed_table=args.transposed_table if back is None else back,
+                sorted_tables=True,
+            )
     return _C.PreparedConv(*args).run
 
 

@@ -5,9 +5,10 @@ import torch
 
 from relconv import RelationalMap, relational_conv
 from relconv.ops.map_views import table_order
+from relconv.ops.planning import persistent_table_kernel
 from relconv.ops.reference import relational_conv_reference
 from relconv.ops.relational_conv import conv_call, prepare, run_conv
-from tests.conftest import allow_tf32, no_host_sync
+from tests.conftest import allow_tf32, cuda_kernels, no_host_sync
 from tests.ops.maps import TF32_TOLERANCE, TOLERANCE, random_map, rel_error
 
 pytestmark = pytest.mark.cuda
@@ -246,6 +247,23 @@ def test_a_prepared_call_passes_the_tables_in_order(deterministic, dtype):
         results.append((out, *torch.autograd.grad(out, (x, w), up)))
     for a, b in zip(results[1], results[0], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_prepared_call_for_the_persistent_kernel_keeps_the_tables_as_they_are(deterministic):
+    """Where the persistent warp-specialised kernel runs (fp16, C_out 128, sm_90a), a prepared call
+    passes the map's tables through their orders, with no copies; the same output as unprepared."""
+    rmap = injective_map(60000, 27, 0.3)
+    x = torch.randn(60000, 64, device="cuda").half()
+    w = grouped_weight(27, 1, 64, 128, torch.float16)
+    args, _ = conv_call(x, w, rmap)
+    persistent = persistent_table_kernel(rmap, x, w, transposed=False)
+    assert persistent == (torch.cuda.get_device_capability() == (9, 0))
+    run = prepare(args, rmap)
+    assert ("table_in_order" in rmap._cache) != persistent
+    assert torch.equal(run(x, w, None), run_conv((args, (x, w, None))))
+    kernels = cuda_kernels(lambda: run(x, w, None))
+    assert any("conv_forward_table_ws" in k for k in kernels) == persistent
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
