@@ -313,7 +313,8 @@ def persistent_table_kernel(rmap: RelationalMap, x: Tensor, weight: Tensor, tran
     """Whether a CUDA call's table forward or, with `transposed`, its input gradient over the
     transposed table runs the persistent warp-specialised kernel on x's device. That kernel reads a
     table copied into its order's row sequence 10-17% slower than through the order, so
-    relconv.ops.prepare makes such copies only for the other kernels."""
+    relconv.ops.prepare makes such copies only for the other kernels. On sm_90 it takes the build
+    to hold sm_90a code, as `plan` does by default."""
     arch, sms = _device_shape(x.device)
     if arch != (9, 0):
         return False
