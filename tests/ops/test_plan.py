@@ -270,3 +270,31 @@ def test_plan_agrees_with_the_call_it_describes():
     p = plan(rmap, x, w, arch=H100)
     _, table, _, _ = decide(rmap, x, Dataflow.AUTO, 8, 8, False, False)
     assert not table and p.dataflow is Dataflow.FETCH_ON_DEMAND
+
+
+@pytest.mark.parametrize(
+    "arch, dtype, cin, cout, transposed, expected",
+    [
+        (H100, torch.float16, 64, 128, False, True),  # the forward's C_out 128
+        (H100, torch.bfloat16, 256, 256, True, True),
+        (H100, torch.float16, 64, 64, True, False),  # mma.sync both ways
+        (H100, torch.float16, 128, 64, False, False),
+        (H100, torch.float16, 128, 64, True, True),  # the input gradient's C_out 128 (W^T in place)
+        (A100, torch.float16, 64, 128, True, False),
+        (H100, torch.float32, 64, 128, True, False),  # exact fp32
+    ],
+)
+def test_persistent_table_kernel_names_the_calls_prepare_copies_no_tables_for(
+    monkeypatch, arch, dtype, cin, cout, transposed, expected
+):
+    """relconv.ops.prepare copies no tables in order for the persistent warp-specialised kernel:
+    planning.persistent_table_kernel asks kernel_choice for the forward and the input gradient."""
+    from types import SimpleNamespace
+
+    from relconv.ops import planning
+
+    monkeypatch.setattr(planning, "_device_shape", lambda device: (arch, 132))
+    rmap = SimpleNamespace(num_in=75_000, num_out=75_000, num_relations=27, index_dtype=torch.int32)
+    x = torch.empty(0, cin, dtype=dtype)
+    weight = torch.empty(27, cin, cout, dtype=dtype)
+    assert planning.persistent_table_kernel(rmap, x, weight, transposed) == expected
