@@ -2,13 +2,15 @@
 (csrc/common/kernel_choice.h through relconv._C.kernel_choice): the same function the CUDA
 launchers call, asked on the CPU for given devices and shapes."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from relconv import _ext
 from relconv.graph import RGCNConv
 from relconv.graph.graph_map import build_rgcn_map
-from relconv.ops import ConvPlan, Dataflow, plan
+from relconv.ops import ConvPlan, Dataflow, plan, planning
 from relconv.voxel import Conv3d, VoxelTensor
 
 H100 = (9, 0)
@@ -289,10 +291,6 @@ def test_persistent_table_kernel_names_the_calls_prepare_copies_no_tables_for(
 ):
     """relconv.ops.prepare copies no tables in order for the persistent warp-specialised kernel:
     planning.persistent_table_kernel asks kernel_choice for the forward and the input gradient."""
-    from types import SimpleNamespace
-
-    from relconv.ops import planning
-
     monkeypatch.setattr(planning, "_device_shape", lambda device: (arch, 132))
     rmap = SimpleNamespace(num_in=75_000, num_out=75_000, num_relations=27, index_dtype=torch.int32)
     x = torch.empty(0, cin, dtype=dtype)
