@@ -177,8 +177,7 @@ def plan(
         x_grad = w_grad = bool(requires_grad)
     cuda = arch is not None or x.is_cuda
     if cuda and arch is None:
-        props = torch.cuda.get_device_properties(x.device)
-        arch, sms = (props.major, props.minor), props.multi_processor_count
+        arch, sms = _device_shape(x.device)
     dtype, table, dgrad, pairs = decide(rmap, x, dataflow, c_in_g, c_out_g, x_grad, w_grad, cuda)
     if not cuda:
         views = ("pairs",)
