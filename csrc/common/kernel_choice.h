@@ -33,6 +33,7 @@ enum class Config : int {
   // mma.sync table forward (conv_forward_table_mma), 128-byte K steps in 2 stages.
   kTableMmaTall64,
   kTableMmaPacked16,
+  kTableMmaPacked16Tall,
   kTableMmaWide64,
   kTableMmaWide128,
   kTableMmaWide256,
@@ -92,6 +93,7 @@ constexpr TileShape tiles(Config c, int bytes) {
     case Config::kTableMmaTall64: return {128, 64, wide_k, 32, 32, 2};
     case Config::kTableMmaWide64: return {64, 64, wide_k, 32, 32, 2};
     case Config::kTableMmaPacked16: return {64, 16, wide_k, 16, 16, 2};
+    case Config::kTableMmaPacked16Tall: return {128, 16, wide_k, 64, 16, 2};
     case Config::kTableMmaTall96: return {128, 96, narrow_k, 32, 32, 4};
     case Config::kTableMmaWide96: return {64, 96, narrow_k, 32, 32, 4};
     case Config::kTableMmaWide128: return {128, 128, wide_k, 64, 32, 2};
@@ -146,6 +148,7 @@ constexpr const char* config_name(Config c) {
     case Config::kTableMmaWide256: return "table_mma_wide_256";
     case Config::kTableMma16: return "table_mma_16";
     case Config::kTableMmaPacked16: return "table_mma_packed_16";
+    case Config::kTableMmaPacked16Tall: return "table_mma_packed_16_tall";
     case Config::kTableMma32: return "table_mma_32";
     case Config::kTableMma64: return "table_mma_64";
     case Config::kTableMma128: return "table_mma_128";
@@ -192,6 +195,7 @@ constexpr const char* family_name(Config c) {
     case Config::kTableMmaWide256:
     case Config::kTableMma16:
     case Config::kTableMmaPacked16:
+    case Config::kTableMmaPacked16Tall:
     case Config::kTableMma32:
     case Config::kTableMma64:
     case Config::kTableMma128: return "table_mma_sync";
@@ -279,6 +283,9 @@ constexpr int64_t kWgmmaMaxRows = 100000;
 // 308, airborne 236 / 241; 3-4 stages, 32-wide K steps, 64- and 256-row tiles 4-45% slower):
 // wider warp tiles read less shared memory per mma but leave 12 warps per SM instead of 24.
 constexpr int64_t kTallTileRows = 100000;
+
+// From this many output rows C16 -> 16 (16-bit) takes 128-row tiles; see tensor_core_table.
+constexpr int64_t kPacked16TallRows = 600000;
 
 // The Hopper wgmma kernels, when the shape takes them; kNone otherwise. `sm90a_built()` answers
 // whether this build runs sm_90a code here (a probe kernel, asked only when the shape qualifies).
@@ -397,10 +404,20 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
     // 16- and 32-byte x rows (C_in_g 8 and 16 in 16-bit types) that pack (table_mma's rule) take
     // 128-byte K steps of 8 or 4 relations in 2 stages: fewer, fuller steps than 64-byte ones in 4
     // (H200, cached subm 3^3 fp16, kernel us, C16 -> 16: batch4-64beam 81 -> 78, room-3cm 130 -> 118,
-    // aggregate-1m 347 -> 312; C8 -> 16 74 -> 75, 113 -> 103, 306 -> 281). 128-row tiles and 4
-    // stages measured slower. Narrower stem rows keep the 64-byte steps.
-    if (is_16bit(p.dtype) && p.cin_g * element_bytes(p.dtype) >= 16) {
-      const TableChoice packed = table_mma(p, dev, Config::kTableMmaPacked16, false);
+    // aggregate-1m 347 -> 312; C8 -> 16 74 -> 75, 113 -> 103, 306 -> 281). 4 stages measured
+    // slower. Narrower stem rows keep the 64-byte steps.
+    // C16 rows from kPacked16TallRows on take 128-row tiles of two 64 x 16 warps, half the CTAs and
+    // each warp four times the rows; below it 64-row tiles of four 16 x 16 warps hide more latency
+    // (H200, cached subm 3^3 fp16 C16 -> 16, kernel us, 64 x 16 -> 128 x 16, forward
+    // / forward + backward: batch4-64beam 273k rows 50.4 -> 55.8 / 184 -> 196, room-3cm 310k 96.4 ->
+    // 99.3 / 339 -> 341, object-256 469k 133.8 -> 136.4 / 486 -> 464, aggregate-1m 937k 279.7 ->
+    // 257.2 / 926 -> 883, airborne-100m-25cm 100.4 -> 105.2 / 323 -> 342; 64 x 16 tiles of two 32 x 16
+    // warps within 1.5% of four 16 x 16 everywhere).
+    const int64_t row_bytes = p.cin_g * element_bytes(p.dtype);
+    if (is_16bit(p.dtype) && row_bytes >= 16) {
+      const bool tall = row_bytes == 32 && p.num_out >= kPacked16TallRows;
+      const TableChoice packed =
+          table_mma(p, dev, tall ? Config::kTableMmaPacked16Tall : Config::kTableMmaPacked16, false);
       if (packed.pack > 1) return packed;
     }
     return table_mma(p, dev, Config::kTableMma16, false);

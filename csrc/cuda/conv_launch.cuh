@@ -260,6 +260,7 @@ bool forward_table_by_width(const cuda::ConvTableArgs<T, Idx>& a, bool allow_tf3
       RELCONV_TABLE_MMA(kTableMmaWide256)
       RELCONV_TABLE_MMA(kTableMma16)
       RELCONV_TABLE_MMA(kTableMmaPacked16)
+      RELCONV_TABLE_MMA(kTableMmaPacked16Tall)
       RELCONV_TABLE_MMA(kTableMma32)
       RELCONV_TABLE_MMA(kTableMma64)
       RELCONV_TABLE_MMA(kTableMma128)

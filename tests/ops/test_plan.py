@@ -51,6 +51,10 @@ TABLE_CASES = [
     ("float16", A100, 256, 256, 75_000, {}, "table_mma_wide_256"),
     # Narrow layers: 64-row tiles of 32-wide K steps in 4 stages.
     ("float16", H100, 16, 16, 75_000, {}, "table_mma_packed_16"),
+    # C16 from kPacked16TallRows on: 128-row tiles; C8 rows keep 64-row ones.
+    ("float16", H100, 16, 16, 599_999, {}, "table_mma_packed_16"),
+    ("bfloat16", H100, 16, 16, 600_000, {}, "table_mma_packed_16_tall"),
+    ("float16", H100, 8, 16, 937_000, {}, "table_mma_packed_16"),
     ("float16", H100, 4, 16, 75_000, {}, "table_mma_16"),
     ("float16", H100, 16, 16, 75_000, {"x_chunks": False}, "table_mma_16"),
     ("float16", H100, 32, 64, 75_000, {}, "table_mma_64"),
@@ -84,6 +88,8 @@ def test_table_choice_details():
             "table", "float16", cin_g=cin, cout_g=16, num_in=75_000, num_out=75_000, num_relations=27
         )
         assert c16["pack"] == pack and c16["tiles"] == (64, 16, 64, 16, 16, 2) and not c16["whole_tiles"]
+    tall16 = choose("table", "float16", cin_g=16, cout_g=16, num_in=937_000, num_out=937_000, num_relations=9)
+    assert tall16["pack"] == 4 and tall16["tiles"] == (128, 16, 64, 64, 16, 2)
     c96 = choose("table", "float16", cin_g=96, cout_g=96, num_in=273_000, num_out=273_000, num_relations=27)
     assert c96["tiles"] == (128, 96, 32, 32, 32, 4) and c96["whole_tiles"]
     # 32-wide K steps: C_in_g 160 (a concatenated skip) fills whole tiles too, C_out_g 80 does not.

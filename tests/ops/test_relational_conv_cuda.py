@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from relconv import RelationalMap, relational_conv
+from relconv import RelationalMap, _ext, relational_conv
 from relconv.ops.map_views import table_order
 from relconv.ops.planning import persistent_table_kernel
 from relconv.ops.reference import relational_conv_reference
@@ -189,6 +189,43 @@ def test_small_input_channels_pack_relations(
     tolerance = TF32_TOLERANCE if tf32 else TOLERANCE[dtype]
     assert rel_error(out, ref) < tolerance
     assert not out[rmap.neighbor_table().lt(0).all(1)].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_c16_tables_from_600k_rows_take_the_tall_tiles(deterministic, dtype):
+    """C16 -> 16 on 600,005 output rows (kPacked16TallRows and a partial last 128-row tile) from
+    650,000 input rows, with and without the table's order, and the input gradient over the
+    transposed table: against float64."""
+    num_in, num_out = 650_000, 600_005
+    assert (
+        _ext._C.kernel_choice(
+            "table",
+            str(dtype).split(".")[1],
+            (9, 0),
+            132,
+            cin_g=16,
+            cout_g=16,
+            num_in=num_in,
+            num_out=num_out,
+            num_relations=27,
+        )["config"]
+        == "table_mma_packed_16_tall"
+    )
+    rmap = unique_slot_map(num_in, num_out, 27, 0.3, torch.int32)
+    g = torch.Generator().manual_seed(11)
+    x64 = torch.randn(num_in, 16, generator=g, dtype=torch.float64).cuda()
+    w64 = grouped_weight(27, 1, 16, 16, torch.float64)
+    x, w = x64.to(dtype).requires_grad_(), w64.to(dtype)
+    table, pairs = rmap.neighbor_table(), rmap.kernel_pairs()
+    plain = CONV(x.detach(), w, *pairs, None, num_out, table)
+    assert torch.equal(CONV(x.detach(), w, *pairs, None, num_out, table, table_order(rmap)), plain)
+    ref = relational_conv_reference(x64, w64, rmap)
+    assert rel_error(plain, ref) < TOLERANCE[dtype]
+    up = torch.randn(num_out, 16, generator=g, dtype=torch.float64).cuda()
+    (gx,) = torch.autograd.grad(relational_conv(x, w, rmap), x, up.to(dtype))
+    (gx_ref,) = torch.autograd.grad(relational_conv_reference(x64.requires_grad_(), w64, rmap), x64, up)
+    assert rel_error(gx, gx_ref) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
