@@ -407,12 +407,12 @@ TableChoice tensor_core_table(const TableProblem& p, const Device& dev, Sm90aBui
     // aggregate-1m 347 -> 312; C8 -> 16 74 -> 75, 113 -> 103, 306 -> 281). 4 stages measured
     // slower. Narrower stem rows keep the 64-byte steps.
     // C16 rows from kPacked16TallRows on take 128-row tiles of two 64 x 16 warps, half the CTAs and
-    // each warp four times the rows; below it 64-row tiles of four 16 x 16 warps hide more latency
-    // (H200, cached subm 3^3 fp16 C16 -> 16, kernel us, 64 x 16 -> 128 x 16, forward
-    // / forward + backward: batch4-64beam 273k rows 50.4 -> 55.8 / 184 -> 196, room-3cm 310k 96.4 ->
-    // 99.3 / 339 -> 341, object-256 469k 133.8 -> 136.4 / 486 -> 464, aggregate-1m 937k 279.7 ->
-    // 257.2 / 926 -> 883, airborne-100m-25cm 100.4 -> 105.2 / 323 -> 342; 64 x 16 tiles of two 32 x 16
-    // warps within 1.5% of four 16 x 16 everywhere).
+    // each warp four times the rows; below it 64-row tiles of four 16 x 16 warps hide more latency.
+    // H200, cached subm 3^3 fp16 C16 -> 16, kernel us, 64 x 16 -> 128 x 16, forward / forward +
+    // backward: batch4-64beam (273k rows) 50.4 -> 55.8 / 184 -> 196, room-3cm (310k) 96.4 -> 99.3 /
+    // 339 -> 341, object-256 (469k) 133.8 -> 136.4 / 486 -> 464, aggregate-1m (937k) 279.7 -> 257.2 /
+    // 926 -> 883, airborne-100m-25cm 100.4 -> 105.2 / 323 -> 342; 64 x 16 tiles of two 32 x 16 warps
+    // came within 1.5% of four 16 x 16 everywhere.
     const int64_t row_bytes = p.cin_g * element_bytes(p.dtype);
     if (is_16bit(p.dtype) && row_bytes >= 16) {
       const bool tall = row_bytes == 32 && p.num_out >= kPacked16TallRows;

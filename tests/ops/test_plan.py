@@ -88,7 +88,9 @@ def test_table_choice_details():
             "table", "float16", cin_g=cin, cout_g=16, num_in=75_000, num_out=75_000, num_relations=27
         )
         assert c16["pack"] == pack and c16["tiles"] == (64, 16, 64, 16, 16, 2) and not c16["whole_tiles"]
-    tall16 = choose("table", "float16", cin_g=16, cout_g=16, num_in=937_000, num_out=937_000, num_relations=9)
+    tall16 = choose(
+        "table", "float16", cin_g=16, cout_g=16, num_in=937_000, num_out=937_000, num_relations=27
+    )
     assert tall16["pack"] == 4 and tall16["tiles"] == (128, 16, 64, 64, 16, 2)
     c96 = choose("table", "float16", cin_g=96, cout_g=96, num_in=273_000, num_out=273_000, num_relations=27)
     assert c96["tiles"] == (128, 96, 32, 32, 32, 4) and c96["whole_tiles"]
