@@ -325,8 +325,11 @@ def persistent_table_kernel(rmap: RelationalMap, x: Tensor, weight: Tensor, tran
     calls = [(c_in_g, c_out_g, rmap.num_in, rmap.num_out, False)]
     if transposed:
         calls.append((c_out_g, c_in_g, rmap.num_out, rmap.num_in, True))
-    families = (_choice("table", name, *call[:4], rmap, shape, tf32, call[4])[0]["family"] for call in calls)
-    return "table_wgmma_persistent" in families
+    return any(
+        _choice("table", name, cin, cout, n_in, n_out, rmap, shape, tf32, weight_t)[0]["family"]
+        == "table_wgmma_persistent"
+        for cin, cout, n_in, n_out, weight_t in calls
+    )
 
 
 _DEVICE_SHAPES: dict[int, tuple[tuple[int, int], int]] = {}
